@@ -1,0 +1,99 @@
+"""Load a model directory or hub id: weights, tokenizer and (for vision-language models) image processor."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ssr_server.errors import EngineError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+          "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: Any  # a transformers PreTrainedModel (VL: *ForConditionalGeneration, else *ForCausalLM)
+    tokenizer: Any
+    image_processor: Any | None
+    is_vl: bool
+    dtype: torch.dtype
+    device: torch.device
+    image_token_id: int | None
+    merge_size: int
+    eos_token_ids: frozenset[int]
+    name: str
+
+    @property
+    def base(self) -> Any:
+        """The decoder stack (with the vision tower for VL models) without the LM head."""
+        return self.model.model
+
+    @property
+    def lm_head(self) -> Any:
+        return self.model.get_output_embeddings()
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise EngineError(f"unknown dtype {name!r}; use one of {sorted(DTYPES)}") from None
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(src, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        elif isinstance(eos, list | tuple):
+            ids.update(int(e) for e in eos)
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)
+
+
+def load_model(path_or_id: str, dtype: str = "fp32", device: str = "cpu",
+               attn_implementation: str = "sdpa") -> LoadedModel:
+    """Load with the Auto classes; a vision-language config gets the image-text class and processor."""
+    from transformers import (
+        AutoConfig,
+        AutoImageProcessor,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoTokenizer,
+    )
+
+    torch_dtype = resolve_dtype(dtype)
+    try:
+        config = AutoConfig.from_pretrained(path_or_id)
+    except Exception as exc:
+        raise EngineError(f"cannot load model config from {path_or_id!r}: {exc}") from exc
+    is_vl = hasattr(config, "vision_config")
+    cls = AutoModelForImageTextToText if is_vl else AutoModelForCausalLM
+    model = cls.from_pretrained(path_or_id, dtype=torch_dtype, attn_implementation=attn_implementation)
+    model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path_or_id)
+    image_processor = None
+    merge_size = 1
+    image_token_id: int | None = None
+    if is_vl:
+        # The PIL backend needs no torchvision (PyPI's torchvision is a CUDA build that fails on CPU torch).
+        image_processor = AutoImageProcessor.from_pretrained(path_or_id, backend="pil")
+        merge_size = int(getattr(image_processor, "merge_size", 2))
+        image_token_id = int(config.image_token_id)
+    return LoadedModel(
+        model=model, tokenizer=tokenizer, image_processor=image_processor, is_vl=is_vl,
+        dtype=torch_dtype, device=torch.device(device), image_token_id=image_token_id,
+        merge_size=merge_size, eos_token_ids=_eos_ids(model, tokenizer), name=path_or_id,
+    )

@@ -1,0 +1,45 @@
+"""Helpers the tools share: picking the image a call refers to, closing backends, HTTP errors."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import httpx
+
+from ssr_server.engine.base import ImageRef
+from ssr_server.errors import ToolError
+from ssr_server.tools.base import ToolContext
+
+
+@runtime_checkable
+class SupportsAclose(Protocol):
+    """Backends holding connections expose ``aclose``; the registry closes them at shutdown."""
+
+    async def aclose(self) -> None: ...
+
+
+def pick_image(ctx: ToolContext, index: int) -> tuple[int, ImageRef]:
+    """The image a call refers to and its 0-based position; negative indices count from the end.
+
+    The model numbers images from 1 in observations; the parser turns that into 0-based (or -1 for
+    "latest"), so an out-of-range index is the model's mistake and becomes a ToolError it can read.
+    """
+    n = len(ctx.images)
+    if n == 0:
+        raise ToolError("there is no image to work on")
+    if not -n <= index < n:
+        raise ToolError(f"image {index + 1 if index >= 0 else index} does not exist; images 1 to {n} are available")
+    pos = index % n
+    return pos, ctx.images[pos]
+
+
+def http_error(service: str, exc: httpx.HTTPError, timeout_s: float) -> ToolError:
+    """A model-readable ToolError for a transport failure, without leaking stack traces."""
+    if isinstance(exc, httpx.TimeoutException):
+        return ToolError(f"{service} did not answer within {timeout_s:g} s")
+    return ToolError(f"{service} is unreachable ({type(exc).__name__})")
+
+
+def check_status(service: str, response: httpx.Response) -> None:
+    if response.status_code != 200:
+        raise ToolError(f"{service} returned HTTP {response.status_code}")

@@ -1,0 +1,94 @@
+"""Zoom: crop a region of a context image and upscale it, so a small model can read small details.
+
+Boxes are in 0-1000 relative coordinates ``[x1, y1, x2, y2]`` (the convention Qwen-VL style models
+emit), independent of the image's pixel size. The crop is returned as a new image that the agent
+appends to the context; the observation text tells the model which number it got.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from PIL import Image
+
+from ssr_server.engine.base import ImageRef
+from ssr_server.errors import ToolError
+from ssr_server.tools.base import Observation, ToolCall, ToolContext
+from ssr_server.tools.common import pick_image
+
+BOX_SCALE = 1000
+
+
+def validate_box(box: Sequence[float] | None, min_side: int = 20) -> tuple[int, int, int, int]:
+    """Check a 0-1000 box and return it as ints; errors are phrased for the model to fix its call.
+
+    ``min_side`` (in 0-1000 units) refuses slivers: a 2% wide crop of a small image upscales to mush.
+    """
+    if box is None:
+        raise ToolError("zoom needs a box [x1, y1, x2, y2] in 0-1000 coordinates")
+    if len(box) != 4:
+        raise ToolError(f"a box has 4 numbers [x1, y1, x2, y2], got {len(box)}")
+    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in box):
+        raise ToolError("box coordinates must be numbers")
+    x1, y1, x2, y2 = (round(v) for v in box)
+    if min(x1, y1, x2, y2) < 0 or max(x1, y1, x2, y2) > BOX_SCALE:
+        raise ToolError(f"box [{x1}, {y1}, {x2}, {y2}] is outside the 0-{BOX_SCALE} range")
+    if x1 >= x2 or y1 >= y2:
+        raise ToolError(f"box [{x1}, {y1}, {x2}, {y2}] is empty: it needs x1 < x2 and y1 < y2")
+    if x2 - x1 < min_side or y2 - y1 < min_side:
+        raise ToolError(f"box [{x1}, {y1}, {x2}, {y2}] is too small: each side must be at least {min_side}")
+    return x1, y1, x2, y2
+
+
+def pixel_box(box: tuple[int, int, int, int], width: int, height: int) -> tuple[int, int, int, int]:
+    """The pixel rectangle (left, top, right, bottom) of a relative box, at least 1 pixel each way."""
+    x1, y1, x2, y2 = box
+    left, top = x1 * width // BOX_SCALE, y1 * height // BOX_SCALE
+    right = max(left + 1, min(width, -(-x2 * width // BOX_SCALE)))  # ceil, so the crop covers the box
+    bottom = max(top + 1, min(height, -(-y2 * height // BOX_SCALE)))
+    return left, top, right, bottom
+
+
+def output_size(width: int, height: int, min_short_side: int, max_side: int) -> tuple[int, int]:
+    """Upscale so the short side reaches ``min_short_side``, but never let the long side pass ``max_side``.
+
+    The cap wins for very elongated crops: the vision encoder's cost grows with pixels, and a crop
+    larger than ``max_side`` is downscaled for the same reason.
+    """
+    scale = max(1.0, min_short_side / min(width, height))
+    if max(width, height) * scale > max_side:
+        scale = max_side / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+class ZoomTool:
+    """Crops ``ctx.images[call.image_index]`` at ``call.box`` and returns the enlarged crop."""
+
+    name = "zoom"
+
+    def __init__(self, *, min_short_side: int = 224, max_side: int = 1024, min_box_side: int = 20) -> None:
+        if not 0 < min_short_side <= max_side:
+            raise ValueError("need 0 < min_short_side <= max_side")
+        self.min_short_side = min_short_side
+        self.max_side = max_side
+        self.min_box_side = min_box_side
+
+    def _crop(self, image: Image.Image, box: tuple[int, int, int, int]) -> Image.Image:
+        crop = image.crop(pixel_box(box, image.width, image.height))
+        size = output_size(crop.width, crop.height, self.min_short_side, self.max_side)
+        return crop if size == crop.size else crop.resize(size, Image.Resampling.LANCZOS)
+
+    async def __call__(self, call: ToolCall, ctx: ToolContext) -> Observation:
+        box = validate_box(call.box, self.min_box_side)
+        pos, ref = pick_image(ctx, call.image_index)
+        # Resampling a large image takes tens of ms: keep it off the event loop.
+        crop = await asyncio.to_thread(self._crop, ref.image, box)
+        new_ref = ImageRef.from_pil(crop)
+        number = len(ctx.images) + 1
+        box_text = f"[{box[0]}, {box[1]}, {box[2]}, {box[3]}]"
+        return Observation(
+            text=f"Zoomed into {box_text} of image {pos + 1}; the crop is attached as image {number}.",
+            images=(new_ref,),
+            data={"box": list(box), "source_image": pos + 1, "image": number, "size": list(crop.size)},
+        )
