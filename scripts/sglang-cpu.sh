@@ -165,11 +165,15 @@ cmd_start() {
   model="$(cd "$model" && pwd)"
   log "starting SGLang on 127.0.0.1:$port with $model (log: $logfile)"
   local t0=$SECONDS
+  # --image-processor-backend pil: the same image preprocessing as transformers without torchvision
+  # (the project venv). SGLang's default (torchvision, "fast") resizes differently: log-probabilities
+  # then differ by up to ~4e-3 for images the processor has to resize (identical when it does not).
   # The backgrounded simple command is exec'd in the forked child, so $! is the python process itself.
   SGLANG_USE_CPU_ENGINE=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 \
     nohup "$VENV/bin/python" -m ssr_server.engine.sglang.server \
     --model-path "$model" --device cpu --attention-backend torch_native --dtype float32 \
-    --host 127.0.0.1 --port "$port" --max-total-tokens 8192 --skip-server-warmup "$@" \
+    --host 127.0.0.1 --port "$port" --max-total-tokens 8192 --skip-server-warmup \
+    --image-processor-backend pil "$@" \
     >"$logfile" 2>&1 </dev/null &
   local pid=$!
   echo "$pid" >"$pidfile"

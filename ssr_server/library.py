@@ -75,12 +75,7 @@ _TAG_RE = re.compile(r"<\|?/?[A-Za-z_][\w.|-]*\|?>")
 
 
 class SupportsEncode(Protocol):
-    """All ``candidate_token_ids`` needs: the ``encode`` of ``engine.base.TokenizerLike``.
-
-    Narrower than ``TokenizerLike`` on purpose: a ``transformers`` fast tokenizer satisfies this one
-    statically, while its ``decode`` / ``convert_tokens_to_ids`` signatures do not match
-    ``TokenizerLike``'s under mypy.
-    """
+    """All ``candidate_token_ids`` needs of a tokenizer (a transformers tokenizer satisfies it)."""
 
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
 

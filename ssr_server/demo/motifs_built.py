@@ -124,12 +124,13 @@ def _wave(d: Draw, e: Entity, c: RGB, cx: int, gy: int) -> None:
     d.pieslice((x0 - 60, y0 + 20, x0 + 220, y1 + 160), 270, 360, fill=c)
     d.rectangle((x0, y1 - 40, x1, y1), fill=c)
     for k in range(6):
-        d.ellipse((x0 + 120 + 14 * k, y0 + 20 + 10 * k, x0 + 140 + 14 * k, y0 + 40 + 10 * k), fill=(250, 250, 250))
+        fx, fy = x0 + 120 + 14 * k, y0 + 20 + 10 * k
+        d.ellipse((fx, fy, fx + 20, fy + 20), fill=(250, 250, 250))
 
 
 @motif("orchard")
 def _orchard(d: Draw, e: Entity, c: RGB, cx: int, gy: int) -> None:
-    x0, y0, x1, y1 = frame(d, (225, 230, 215))
+    x0, y0, _, _ = frame(d, (225, 230, 215))
     for k in range(12):  # the painting shows exactly twelve trees
         tx, ty = x0 + 30 + (k % 6) * 55, y0 + 70 + (k // 6) * 100
         d.rectangle((tx - 4, ty, tx + 4, ty + 40), fill=(90, 60, 30))

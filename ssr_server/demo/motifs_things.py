@@ -62,7 +62,8 @@ def _cat(d: Draw, e: Entity, c: RGB, cx: int, gy: int) -> None:
     d.ellipse((cx - 100, gy - 110, cx + 60, gy - 30), fill=shade(c, 1.5))
     d.arc((cx - 220, gy - 150, cx - 60, gy + 10), 90, 270, fill=shade(c, 1.5), width=16)
     d.ellipse((cx + 30, gy - 150, cx + 110, gy - 80), fill=shade(c, 1.5))
-    for sx, sy in ((cx - 70, gy - 90), (cx - 30, gy - 70), (cx, gy - 95), (cx + 30, gy - 60), (cx - 60, gy - 55)):
+    spots = ((cx - 70, gy - 90), (cx - 30, gy - 70), (cx, gy - 95), (cx + 30, gy - 60), (cx - 60, gy - 55))
+    for sx, sy in spots:
         d.ellipse((sx - 7, sy - 7, sx + 7, sy + 7), fill=shade(c, 0.4))
     for lx in (cx - 75, cx + 35):
         d.rectangle((lx - 8, gy - 40, lx + 8, gy + 10), fill=shade(c, 1.3))
@@ -161,7 +162,8 @@ def _ramen(d: Draw, e: Entity, c: RGB, cx: int, gy: int) -> None:
     d.pieslice((cx - 130, gy - 120, cx + 130, gy + 80), 0, 180, fill=(180, 30, 30))
     d.ellipse((cx - 130, gy - 50, cx + 130, gy - 10), fill=c)
     for k in range(4):
-        d.arc((cx - 100 + 40 * k, gy - 45, cx - 40 + 40 * k, gy - 15), 180, 360, fill=(245, 220, 120), width=5)
+        nx = cx - 100 + 40 * k
+        d.arc((nx, gy - 45, nx + 60, gy - 15), 180, 360, fill=(245, 220, 120), width=5)
     d.ellipse((cx + 40, gy - 48, cx + 80, gy - 22), fill=(250, 250, 245))
     d.ellipse((cx + 52, gy - 42, cx + 68, gy - 28), fill=(240, 170, 40))
     d.line((cx + 60, gy - 160, cx - 40, gy - 30), fill=(90, 60, 30), width=6)
@@ -184,7 +186,8 @@ def _train(d: Draw, e: Entity, c: RGB, cx: int, gy: int) -> None:
 @motif("delta")
 def _delta(d: Draw, e: Entity, c: RGB, cx: int, gy: int) -> None:
     y = gy - 130
-    d.polygon([(cx - 170, y), (cx + 150, y - 8), (cx + 190, y + 6), (cx + 150, y + 14), (cx - 170, y + 16)], fill=c)
+    body = [(cx - 170, y), (cx + 150, y - 8), (cx + 190, y + 6), (cx + 150, y + 14), (cx - 170, y + 16)]
+    d.polygon(body, fill=c)
     d.polygon([(cx - 120, y + 10), (cx + 40, y + 10), (cx - 140, y + 80)], fill=shade(c, 0.85))
     d.polygon([(cx - 170, y), (cx - 150, y - 60), (cx - 130, y)], fill=shade(c, 0.8))
 

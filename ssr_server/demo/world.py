@@ -17,6 +17,7 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -66,11 +67,21 @@ def get_entity(entity_id: str) -> Entity:
         raise KeyError(f"no demo entity with id {entity_id!r}") from None
 
 
+@lru_cache(maxsize=64)
+def _canvas(entity_id: str) -> Image.Image:
+    """Drawing costs milliseconds per picture; cached because callers render the same ones repeatedly.
+
+    Never handed out: ``render_image`` always returns a fresh resized copy, so the cache cannot be
+    mutated by a caller.
+    """
+    return draw_entity(get_entity(entity_id))
+
+
 def render_image(entity_id: str, size: tuple[int, int] = DEFAULT_SIZE) -> Image.Image:
     """The entity's picture as an RGB image of ``size``; identical pixels on every call."""
     if size[0] < 8 or size[1] < 8:
         raise ValueError(f"image size must be at least 8x8, got {size}")
-    return draw_entity(get_entity(entity_id)).resize(size, Image.Resampling.LANCZOS)
+    return _canvas(entity_id).resize(size, Image.Resampling.LANCZOS)
 
 
 def corpus_documents() -> list[dict[str, str]]:
@@ -79,7 +90,8 @@ def corpus_documents() -> list[dict[str, str]]:
     for e in ENTITIES:
         docs.append({"id": f"{e.id}#description", "title": e.title, "text": e.description, "url": e.url})
         for i, fact in enumerate(e.facts, start=1):
-            docs.append({"id": f"{e.id}#fact-{i}", "title": e.title, "text": fact, "url": f"{e.url}#fact-{i}"})
+            doc_id, url = f"{e.id}#fact-{i}", f"{e.url}#fact-{i}"
+            docs.append({"id": doc_id, "title": e.title, "text": fact, "url": url})
     return docs
 
 
@@ -114,7 +126,8 @@ def build_demo_assets(directory: str | os.PathLike[str], *, force: bool = False)
     assets = DemoAssets(root, root / "corpus.jsonl", image_dir, image_dir / "index.json")
     manifest = root / "manifest.json"
     fingerprint = _fingerprint()
-    if not force and manifest.is_file() and assets.corpus_path.is_file() and assets.image_index_path.is_file():
+    present = manifest.is_file() and assets.corpus_path.is_file() and assets.image_index_path.is_file()
+    if present and not force:
         try:
             if json.loads(manifest.read_text()).get("fingerprint") == fingerprint:
                 return assets
@@ -130,8 +143,11 @@ def build_demo_assets(directory: str | os.PathLike[str], *, force: bool = False)
         buf = io.BytesIO()
         img.save(buf, format="PNG")
         _write_atomic(image_dir / fname, buf.getvalue())
-        index.append({"id": e.id, "file": fname, "title": e.title, "description": e.description, "url": e.url})
-    _write_atomic(assets.image_index_path, json.dumps({"images": index}, indent=1, ensure_ascii=False).encode())
+        index.append(
+            {"id": e.id, "file": fname, "title": e.title, "description": e.description, "url": e.url}
+        )
+    index_json = json.dumps({"images": index}, indent=1, ensure_ascii=False)
+    _write_atomic(assets.image_index_path, index_json.encode())
     _write_atomic(manifest, json.dumps({"fingerprint": fingerprint, "entities": len(ENTITIES)}).encode())
     return assets
 

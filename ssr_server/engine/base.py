@@ -13,7 +13,7 @@ import hashlib
 import io
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from PIL import Image
 
@@ -57,6 +57,7 @@ class CandidateScore:
 
     token_logprobs: tuple[float, ...]
     cached_tokens: int = 0  # context tokens the engine did not have to recompute
+    context_tokens: int = 0  # context length as the engine counts it (images expanded)
 
     @property
     def logprob_sum(self) -> float:
@@ -102,7 +103,8 @@ class Engine(Protocol):
     def name(self) -> str: ...
 
     @property
-    def tokenizer(self) -> TokenizerLike: ...
+    def tokenizer(self) -> Any:  # a Hugging Face tokenizer (encode / decode / chat template)
+        ...
 
     async def score(
         self, context: Context, candidates: Sequence[Sequence[int]]
@@ -114,12 +116,3 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
-
-class TokenizerLike(Protocol):
-    """The subset of a Hugging Face tokenizer the agent layer uses."""
-
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = ...) -> str: ...
-
-    def convert_tokens_to_ids(self, tokens: str) -> int: ...

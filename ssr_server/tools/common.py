@@ -28,7 +28,8 @@ def pick_image(ctx: ToolContext, index: int) -> tuple[int, ImageRef]:
     if n == 0:
         raise ToolError("there is no image to work on")
     if not -n <= index < n:
-        raise ToolError(f"image {index + 1 if index >= 0 else index} does not exist; images 1 to {n} are available")
+        shown = index + 1 if index >= 0 else index
+        raise ToolError(f"image {shown} does not exist; images 1 to {n} are available")
     pos = index % n
     return pos, ctx.images[pos]
 

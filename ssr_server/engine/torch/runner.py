@@ -12,7 +12,7 @@ rotary positions restart after each chunk's past. This one mechanism gives:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,7 +54,11 @@ class Prepared:
     next_pos: int
     entry: CacheEntry | None = None  # set when the whole context is already cached
     last_logits: torch.Tensor | None = None
-    pixel: tuple[torch.Tensor | None, torch.Tensor | None] = field(default=(None, None))
+    cached_tokens: int = -1  # tokens found in the prefix cache (reused before any prefill)
+
+    def __post_init__(self) -> None:
+        if self.cached_tokens < 0:
+            self.cached_tokens = self.reused
 
     @property
     def todo(self) -> int:
@@ -220,7 +224,8 @@ class ModelRunner:
                 # token j is predicted by the context's last logits (j = 0) or candidate row j - 1
                 dist = torch.cat([entry.last_logits.view(1, -1), out.logits[:-1]], dim=0)
                 lp = torch.log_softmax(dist, dim=-1).gather(1, torch.tensor(cand).view(-1, 1))[:, 0]
-                scores.append(CandidateScore(tuple(float(x) for x in lp), cached_tokens=entry.kv.length))
+                scores.append(CandidateScore(tuple(float(x) for x in lp), cached_tokens=entry.kv.length,
+                                             context_tokens=entry.kv.length))
                 keep[tuple(cand)] = CandidateKV([k.clone() for k in out.keys],
                                                 [v.clone() for v in out.values], out.logits[-1].clone())
             entry.candidates = keep

@@ -1,0 +1,57 @@
+"""What a run records: one Turn per step and the Run around them, with their timings."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Outcome = Literal["answered", "max_turns", "error", "cancelled", "timeout"]
+
+
+@dataclass
+class Turn:
+    index: int
+    mode: str
+    candidate_id: str | None = None  # ssr: the chosen rationale
+    reasoning: str = ""  # the rationale pasted (ssr) or decoded (freeform)
+    scores: list[float] | None = None  # S_i per candidate (ssr)
+    q: list[float] | None = None  # selection probabilities (ssr)
+    action_type: str | None = None  # the forced action type
+    argument: str = ""
+    action_text: str = ""  # the action as it stands in the context, tags included
+    observation: str = ""
+    observation_ok: bool = True
+    error: str | None = None  # why the action or tool failed, if it did
+    context_tokens: int = 0  # context length when the turn started
+    cached_tokens: int = 0  # of those, found in the engine's cache
+    scored_tokens: int = 0
+    reasoning_tokens: int = 0
+    action_tokens: int = 0
+    reasoning_s: float = 0.0
+    action_s: float = 0.0
+    tool_s: float = 0.0
+    turn_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Run:
+    id: str
+    question: str
+    mode: str
+    library: str
+    outcome: Outcome = "error"
+    answer: str | None = None
+    error: str | None = None
+    turns: list[Turn] = field(default_factory=list)
+    total_s: float = 0.0
+    model_s: float = 0.0  # reasoning + action time: the paper's per-question latency measure
+    tool_s: float = 0.0
+    prompt_tokens: int = 0  # final context length
+    scored_tokens: int = 0
+    generated_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,164 @@
+"""The FastAPI app factory: settings -> engine, tools, libraries, agent; middleware; lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ssr_server import __version__, metrics
+from ssr_server.agent.loop import Agent
+from ssr_server.api.admission import Admission
+from ssr_server.api.errors import error_response, install_error_handlers
+from ssr_server.api.images import ImageLimits
+from ssr_server.api.stats import LatencyWindow
+from ssr_server.config import Settings
+from ssr_server.engine.base import Engine
+from ssr_server.library import LibraryRegistry
+from ssr_server.tools.registry import ToolRegistry, build_registry, demo_registry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    engine: Engine
+    agent: Agent
+    libraries: LibraryRegistry
+    tools: ToolRegistry
+    admission: Admission
+    stats: LatencyWindow
+    image_limits: ImageLimits
+    http: httpx.AsyncClient
+
+
+def build_tools(settings: Settings) -> ToolRegistry:
+    if settings.searxng_url or settings.image_search_url or settings.corpus_path or settings.image_index_dir:
+        return build_registry(searxng_url=settings.searxng_url, image_search_url=settings.image_search_url,
+                              corpus_path=settings.corpus_path, image_index_dir=settings.image_index_dir,
+                              default_timeout_s=settings.tool_timeout_s)
+    from ssr_server.engine.tiny import default_tiny_dir
+
+    root = Path(settings.cache_dir) if settings.cache_dir else default_tiny_dir().parent
+    return demo_registry(root / "demo-world", default_timeout_s=settings.tool_timeout_s)
+
+
+class BodyLimit:
+    """413 for bodies over the limit, whether declared (Content-Length) or streamed (chunked)."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self._reject(scope, receive, send)
+            return
+        seen = 0
+
+        async def limited() -> dict[str, object]:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                body = message.get("body", b"")
+                seen += len(body) if isinstance(body, bytes | bytearray) else 0
+                if seen > self.max_bytes:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, limited, send)  # type: ignore[arg-type]
+        except _TooLarge:
+            await self._reject(scope, receive, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        metrics.REQUESTS_REJECTED.labels(reason="body_too_large").inc()
+        resp = error_response(413, "payload_too_large", f"request body is over {self.max_bytes} bytes")
+        await resp(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class ApiKeyAuth:
+    """Bearer API key on every path except the open ones (health, readiness, metrics by default)."""
+
+    def __init__(self, app: ASGIApp, key: str, open_paths: tuple[str, ...]) -> None:
+        self.app, self.key, self.open_paths = app, key.encode(), open_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.open_paths or scope["method"] == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        auth = dict(scope.get("headers", [])).get(b"authorization", b"")
+        scheme, _, token = auth.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+            metrics.REQUESTS_REJECTED.labels(reason="unauthorized").inc()
+            resp = error_response(401, "unauthorized", "missing or wrong API key (Authorization: Bearer ...)",
+                                  headers={"WWW-Authenticate": "Bearer"})
+            await resp(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, engine: Engine | None = None,
+               tools: ToolRegistry | None = None) -> FastAPI:
+    """The app; ``engine``/``tools`` may be injected (tests share one loaded model between apps)."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from ssr_server.engine.factory import build_engine
+
+        eng = engine or await asyncio.to_thread(build_engine, settings)
+        tl = tools or await asyncio.to_thread(build_tools, settings)
+        libs = LibraryRegistry(settings.library_dirs)
+        libs.get(settings.default_library)  # fail at start, not at the first request
+        state = AppState(
+            settings=settings, engine=eng, agent=Agent(eng, tl, libs), libraries=libs, tools=tl,
+            admission=Admission(settings.max_concurrent_runs, settings.max_queued_runs),
+            stats=LatencyWindow(settings.stats_window),
+            image_limits=ImageLimits(
+                max_bytes=settings.max_image_bytes, max_pixels=settings.max_image_pixels,
+                allow_private=settings.allow_private_urls, allowlist=settings.url_allowlist,
+                timeout_s=settings.url_timeout_s, max_redirects=settings.url_max_redirects),
+            http=httpx.AsyncClient(follow_redirects=False, trust_env=False),
+        )
+        app.state.ssr = state
+        log.info("ssr-server ready: engine=%s", eng.name)
+        try:
+            yield
+        finally:
+            drained = await state.admission.drain(settings.drain_timeout_s)
+            if not drained:
+                log.warning("shutdown: runs still in flight after %.0f s", settings.drain_timeout_s)
+            await state.http.aclose()
+            if tools is None:
+                await tl.aclose()
+            if engine is None:
+                await eng.close()
+
+    app = FastAPI(title="ssr-server", version=__version__, lifespan=lifespan,
+                  description="Selection-based structured reasoning for small multimodal search agents.")
+    install_error_handlers(app)
+    from ssr_server.api.routes import router
+
+    app.include_router(router)
+    if settings.api_key is not None and settings.api_key.get_secret_value():
+        app.add_middleware(ApiKeyAuth, key=settings.api_key.get_secret_value(),
+                           open_paths=settings.open_paths)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

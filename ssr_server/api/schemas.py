@@ -1,0 +1,126 @@
+"""Pydantic models of the HTTP API (the only place pydantic validates user input)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RunRequest(_Strict):
+    question: str = Field(..., min_length=1, description="the question about the images")
+    images: list[str] = Field(default_factory=list,
+                              description="base64, data: URL or http(s) URL, one per image")
+    mode: Literal["ssr", "freeform"] = "ssr"
+    library: str | None = Field(None, description="rationale library name (default: the server's)")
+    candidates: list[str] | None = Field(None, description="explicit rationale texts instead of a library")
+    label_only: bool = False
+    tau: float = Field(0.0, ge=0.0, le=100.0)
+    alpha: float = Field(1.0, ge=0.0, le=10.0)
+    max_turns: int = Field(6, ge=1, le=32)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    reasoning_budget: int = Field(256, ge=1, le=2048)
+    stream: bool = False
+
+
+class TurnOut(BaseModel):
+    index: int
+    mode: str
+    candidate_id: str | None
+    reasoning: str
+    scores: list[float] | None
+    q: list[float] | None
+    action_type: str | None
+    argument: str
+    action_text: str
+    observation: str
+    observation_ok: bool
+    error: str | None
+    context_tokens: int
+    cached_tokens: int
+    scored_tokens: int
+    reasoning_tokens: int
+    action_tokens: int
+    reasoning_s: float
+    action_s: float
+    tool_s: float
+    turn_s: float
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    scored_tokens: int
+    generated_tokens: int
+
+
+class Timings(BaseModel):
+    total_s: float
+    model_s: float
+    tool_s: float
+
+
+class RunResponse(BaseModel):
+    id: str
+    question: str
+    mode: str
+    library: str
+    outcome: Literal["answered", "max_turns", "error", "cancelled", "timeout"]
+    answer: str | None
+    error: str | None
+    turns: list[TurnOut]
+    timings: Timings
+    usage: Usage
+
+
+class ContentPart(_Strict):
+    type: Literal["text", "image"]
+    text: str | None = None
+    image: str | None = Field(None, description="base64, data: URL or http(s) URL")
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[ContentPart]
+
+
+class SelectRequest(_Strict):
+    messages: list[Message] = Field(..., min_length=1)
+    library: str | None = None
+    candidates: list[str] | None = None
+    label_only: bool = False
+    tau: float = Field(0.0, ge=0.0, le=100.0)
+    alpha: float = Field(1.0, ge=0.0, le=10.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+
+
+class SelectResponse(BaseModel):
+    index: int
+    candidate_id: str
+    text: str
+    action: str
+    scores: list[float]
+    q: list[float]
+    logprob_sums: list[float]
+    token_counts: list[int]
+    context_tokens: int
+    latency_s: float
+
+
+class LibraryOut(BaseModel):
+    name: str
+    description: str
+    candidates: list[dict[str, str]]
+
+
+class ErrorBody(BaseModel):
+    code: str
+    message: str
+    details: Any | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

@@ -1,0 +1,29 @@
+"""Build the configured engine (embedded torch, or an SGLang client)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ssr_server.config import Settings
+from ssr_server.engine.base import Engine
+from ssr_server.engine.tiny import default_tiny_dir, ensure_tiny_model
+
+
+def resolve_model(settings: Settings) -> str:
+    """The model to load: the configured one, or the offline tiny model (built on first use)."""
+    if settings.model:
+        return settings.model
+    target = Path(settings.cache_dir) / "tiny-qwen3-vl" if settings.cache_dir else default_tiny_dir()
+    return str(ensure_tiny_model(target))
+
+
+def build_engine(settings: Settings) -> Engine:
+    if settings.engine == "sglang":
+        from ssr_server.engine.sglang.client import SGLangEngine
+
+        return SGLangEngine(settings.sglang_url, model=resolve_model(settings),
+                            scoring=settings.sglang_scoring, timeout_s=settings.sglang_timeout_s)
+    from ssr_server.engine.torch.engine import TorchEngine
+
+    return TorchEngine(resolve_model(settings), dtype=settings.dtype, device=settings.device,
+                       cache_bytes=settings.prefix_cache_mb * 1024 * 1024, threads=settings.torch_threads)

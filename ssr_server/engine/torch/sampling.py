@@ -1,0 +1,46 @@
+"""Next-token choice (greedy, or seeded temperature / top-k / top-p) and stop-string detection."""
+
+from __future__ import annotations
+
+import torch
+
+from ssr_server.engine.base import GenerationParams
+
+
+class Sampler:
+    def __init__(self, params: GenerationParams) -> None:
+        self.params = params
+        self.generator: torch.Generator | None = None
+        if params.temperature > 0:
+            self.generator = torch.Generator()
+            if params.seed is not None:
+                self.generator.manual_seed(params.seed)
+            else:
+                self.generator.seed()
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """Pick from ``logits`` (vocab,) float32."""
+        p = self.params
+        if p.temperature <= 0:
+            return int(torch.argmax(logits))
+        scaled = logits / p.temperature
+        if p.top_k > 0:
+            kth = torch.topk(scaled, min(p.top_k, scaled.numel())).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if p.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < p.top_p  # always keeps the top token
+            sorted_p = sorted_p * keep
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+def find_stop(text: str, stops: tuple[str, ...], search_from: int = 0) -> tuple[int, str] | None:
+    """The earliest stop string in ``text[search_from:]``: (index, stop) or None."""
+    best: tuple[int, str] | None = None
+    for s in stops:
+        i = text.find(s, search_from)
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, s)
+    return best

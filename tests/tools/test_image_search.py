@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageEnhance
+
+from ssr_server.demo import DemoAssets, entities, render_image
+from ssr_server.engine.base import ImageRef
+from ssr_server.errors import ToolError
+from ssr_server.tools.base import ToolCall, ToolContext
+from ssr_server.tools.image_search import HTTPImageSearchBackend, ImageHit, ImageSearchTool, LocalImageIndex
+
+ALL_IDS = [e.id for e in entities()]
+
+
+@pytest.fixture(scope="module")
+def index(demo_assets: DemoAssets) -> LocalImageIndex:
+    return LocalImageIndex(demo_assets.image_dir)
+
+
+def _jpeg(img: Image.Image, size: tuple[int, int], quality: int, brightness: float = 1.0) -> Image.Image:
+    """A re-shared copy of a picture: resized, brightness nudged, JPEG-compressed."""
+    out = img.resize(size, Image.Resampling.BILINEAR)
+    if brightness != 1.0:
+        out = ImageEnhance.Brightness(out).enhance(brightness)
+    buf = io.BytesIO()
+    out.save(buf, format="JPEG", quality=quality)
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
+def _ref(img: Image.Image) -> ImageRef:
+    return ImageRef.from_pil(img)
+
+
+async def test_every_entity_finds_itself(index: LocalImageIndex) -> None:
+    assert len(index) == len(ALL_IDS)
+    for e in entities():
+        hits = await index.search(_ref(render_image(e.id)), 3)
+        assert hits[0].title == e.title, e.id
+        assert hits[0].score == 1.0 and hits[0].url == e.url
+        assert len(hits) == 1, (e.id, hits)  # no look-alike (e.g. another framed painting) passes the cut
+
+
+@pytest.mark.parametrize(
+    ("size", "quality", "brightness"),
+    [((300, 214), 60, 1.0), ((160, 114), 40, 1.0), ((640, 457), 85, 1.1), ((224, 160), 70, 0.85)],
+)
+async def test_perturbed_copies_still_match(
+    index: LocalImageIndex, size: tuple[int, int], quality: int, brightness: float
+) -> None:
+    for e in entities():
+        hits = await index.search(_ref(_jpeg(render_image(e.id), size, quality, brightness)), 1)
+        assert [h.title for h in hits] == [e.title], e.id
+        assert hits[0].score >= 1 - index.max_distance
+
+
+async def test_unrelated_images_find_nothing(index: LocalImageIndex) -> None:
+    noise = Image.fromarray(np.random.default_rng(0).integers(0, 256, (160, 224, 3), dtype=np.uint8))
+    flat = Image.new("RGB", (224, 160), (120, 130, 140))
+    gradient = Image.linear_gradient("L").resize((224, 160))
+    for img in (noise, flat, gradient):
+        assert await index.search(_ref(img), 3) == []
+    tool = ImageSearchTool(index)
+    obs = await tool(ToolCall("image_search"), ToolContext(images=(_ref(noise),)))
+    assert obs.ok and obs.text == "No visually similar images found for image 1."
+
+
+async def test_tool_lists_hits_for_the_chosen_image(index: LocalImageIndex) -> None:
+    ctx = ToolContext(images=(_ref(render_image("axolotl")), _ref(render_image("concorde"))))
+    tool = ImageSearchTool(index, k=2)
+    first = await tool(ToolCall("image_search", image_index=0), ctx)
+    assert first.text.startswith("Visually similar images for image 1:\n[1] Axolotl: A pink salamander")
+    assert "[similarity 1.00]" in first.text and first.data["image"] == 1
+    latest = await tool(ToolCall("image_search"), ctx)
+    assert "[1] Concorde:" in latest.text and "image 2" in latest.text
+    with pytest.raises(ToolError, match="no image"):
+        await tool(ToolCall("image_search"), ToolContext(images=()))
+    with pytest.raises(ToolError, match="does not exist"):
+        await tool(ToolCall("image_search", image_index=5), ctx)
+
+
+def test_index_load_errors(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read image index"):
+        LocalImageIndex(tmp_path)
+    (tmp_path / "index.json").write_text(json.dumps({"images": []}))
+    with pytest.raises(ValueError, match="non-empty 'images'"):
+        LocalImageIndex(tmp_path)
+    (tmp_path / "index.json").write_text(json.dumps({"images": [{"file": "missing.png", "title": "M"}]}))
+    with pytest.raises(ValueError, match=r"missing\.png"):
+        LocalImageIndex(tmp_path)
+    (tmp_path / "index.json").write_text(json.dumps({"images": [{"file": 3}]}))
+    with pytest.raises(ValueError, match="entry 0 needs"):
+        LocalImageIndex(tmp_path)
+
+
+async def test_http_backend_round_trip(live_server: str) -> None:
+    backend = HTTPImageSearchBackend(f"{live_server}/images", headers={"X-Test": "1"})
+    try:
+        hits = await backend.search(_ref(_jpeg(render_image("big-ben"), (320, 228), 70)), 2)
+        tool = ImageSearchTool(backend)
+        obs = await tool(ToolCall("image_search"), ToolContext(images=(_ref(render_image("koala")),)))
+    finally:
+        await backend.aclose()
+    assert hits[0].title == "Big Ben" and 0.8 < hits[0].score <= 1.0
+    assert "[1] Koala:" in obs.text
+
+
+async def test_http_backend_tolerates_malformed_entries(live_server: str) -> None:
+    hits = await HTTPImageSearchBackend(f"{live_server}/mixed").search(_ref(render_image("koala")), 5)
+    assert hits == [ImageHit("Kept", "", "", 0.0)]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [
+        ("broken", "HTTP 500"),
+        ("badjson", "not JSON"),
+        ("noresults", "without a 'results' list"),
+        ("slow", r"did not answer within 0\.2 s"),
+    ],
+)
+async def test_http_backend_errors(live_server: str, prefix: str, message: str) -> None:
+    backend = HTTPImageSearchBackend(f"{live_server}/{prefix}", timeout_s=0.2)
+    with pytest.raises(ToolError, match=message):
+        await backend.search(_ref(render_image("koala")), 3)
+    await backend.aclose()
+
+
+async def test_http_backend_unreachable(free_port_url: str) -> None:
+    with pytest.raises(ToolError, match="unreachable"):
+        await HTTPImageSearchBackend(free_port_url).search(_ref(render_image("koala")), 3)

@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from ssr_server import metrics
+from ssr_server.demo import DemoAssets, render_image
+from ssr_server.engine.base import ImageRef
+from ssr_server.errors import ToolError
+from ssr_server.tools.base import Observation, ToolCall, ToolContext
+from ssr_server.tools.image_search import HTTPImageSearchBackend, ImageSearchTool, LocalImageIndex
+from ssr_server.tools.registry import ToolRegistry, build_registry, demo_registry
+from ssr_server.tools.text_search import LocalBM25, SearxNGBackend, TextSearchTool
+from ssr_server.tools.zoom import ZoomTool
+
+EMPTY = ToolContext(images=())
+
+
+class SleepyTool:
+    name = "sleepy"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    async def __call__(self, call: ToolCall, ctx: ToolContext) -> Observation:
+        await asyncio.sleep(self.seconds)
+        return Observation(text="woke up")
+
+
+class FailingTool:
+    def __init__(self, name: str, exc: Exception) -> None:
+        self.name = name
+        self.exc = exc
+
+    async def __call__(self, call: ToolCall, ctx: ToolContext) -> Observation:
+        raise self.exc
+
+
+class WrongTypeTool:
+    name = "wrong"
+
+    async def __call__(self, call: ToolCall, ctx: ToolContext) -> Observation:
+        return "plain text"  # type: ignore[return-value]
+
+
+def _koala_ctx() -> ToolContext:
+    return ToolContext(images=(ImageRef.from_pil(render_image("koala")),))
+
+
+async def test_success_passes_through_with_elapsed_time() -> None:
+    reg = ToolRegistry([ZoomTool(), SleepyTool(0.0)])
+    obs = await reg.run(ToolCall("zoom", box=(0, 0, 500, 500)), _koala_ctx())
+    assert obs.ok and len(obs.images) == 1
+    assert obs.data["size"] == [314, 224] and isinstance(obs.data["elapsed_s"], float)
+    assert (await reg.run(ToolCall("sleepy"), EMPTY)).text == "woke up"
+
+
+async def test_tool_error_becomes_observation() -> None:
+    obs = await ToolRegistry([ZoomTool()]).run(ToolCall("zoom", box=(10, 10, 5, 500)), _koala_ctx())
+    assert not obs.ok
+    assert obs.text.startswith("Tool zoom failed: box [10, 10, 5, 500] is empty")
+    assert obs.data["error"] == "tool_error" and obs.images == ()
+
+
+async def test_timeout_becomes_observation_quickly() -> None:
+    reg = ToolRegistry([SleepyTool(5.0)])
+    start = time.perf_counter()
+    obs = await reg.run(ToolCall("sleepy"), EMPTY, timeout_s=0.05)
+    assert time.perf_counter() - start < 1.0
+    assert not obs.ok and obs.text == "Tool sleepy failed: timed out after 0.05 s"
+    assert obs.data["error"] == "timeout"
+    slow_default = ToolRegistry([SleepyTool(5.0)], default_timeout_s=0.05)
+    assert "timed out after 0.05 s" in (await slow_default.run(ToolCall("sleepy"), EMPTY)).text
+
+
+async def test_unexpected_exceptions_become_observations() -> None:
+    reg = ToolRegistry([
+        FailingTool("boom", RuntimeError("kaput")),
+        FailingTool("inner_timeout", TimeoutError()),
+        WrongTypeTool(),
+    ])
+    boom = await reg.run(ToolCall("boom"), EMPTY)
+    assert not boom.ok and boom.text == "Tool boom failed: internal error (RuntimeError: kaput)"
+    inner = await reg.run(ToolCall("inner_timeout"), EMPTY)
+    assert not inner.ok and "timed out" in inner.text and inner.data["error"] == "timeout"
+    wrong = await reg.run(ToolCall("wrong"), EMPTY)
+    assert not wrong.ok and "not an Observation" in wrong.text
+
+
+async def test_long_error_messages_are_cut() -> None:
+    obs = await ToolRegistry([FailingTool("long", ToolError("x" * 5000))]).run(ToolCall("long"), EMPTY)
+    assert len(obs.text) < 400
+
+
+async def test_unknown_tool_and_duplicates() -> None:
+    reg = ToolRegistry([ZoomTool()])
+    obs = await reg.run(ToolCall("web_browse"), EMPTY)
+    assert not obs.ok and obs.text == "Tool web_browse failed: unknown tool; available tools: zoom"
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register(ZoomTool())
+    assert "zoom" in reg and "web_browse" not in reg and len(reg) == 1 and reg.get("nope") is None
+
+
+async def test_caller_cancellation_is_not_swallowed() -> None:
+    reg = ToolRegistry([SleepyTool(5.0)])
+    task = asyncio.create_task(reg.run(ToolCall("sleepy"), EMPTY, timeout_s=10))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_metrics_record_tool_latency() -> None:
+    def count() -> float:
+        return metrics.REGISTRY.get_sample_value("ssr_tool_seconds_count", {"tool": "sleepy"}) or 0.0
+
+    before = count()
+    await ToolRegistry([SleepyTool(0.0)]).run(ToolCall("sleepy"), EMPTY)
+    await ToolRegistry([SleepyTool(1.0)]).run(ToolCall("sleepy"), EMPTY, timeout_s=0.01)
+    assert count() == before + 2
+
+
+async def test_http_failures_become_observations(live_server: str) -> None:
+    reg = build_registry(searxng_url=f"{live_server}/broken", image_search_url=f"{live_server}/badjson")
+    try:
+        text = await reg.run(ToolCall("text_search", query="eiffel"), EMPTY)
+        image = await reg.run(ToolCall("image_search"), _koala_ctx())
+    finally:
+        await reg.aclose()
+    assert not text.ok and text.text == "Tool text_search failed: SearxNG returned HTTP 500"
+    assert not image.ok and "not JSON" in image.text
+
+
+async def test_demo_registry_answers_a_demo_question(tmp_path: Path) -> None:
+    reg = demo_registry(tmp_path / "assets")
+    assert reg.names == ("zoom", "text_search", "image_search")
+    ctx = ToolContext(images=(ImageRef.from_pil(render_image("varrow-point-lighthouse")),))
+    seen = await reg.run(ToolCall("image_search"), ctx)
+    assert seen.ok and "[1] Varrow Point Lighthouse:" in seen.text
+    fact = await reg.run(ToolCall("text_search", query="Varrow Point Lighthouse engineer built"), ctx)
+    assert fact.ok and "Maud Tresslin" in fact.text.splitlines()[1]
+    crop = await reg.run(ToolCall("zoom", box=(250, 0, 750, 1000)), ctx)
+    assert crop.ok and "attached as image 2" in crop.text
+    await reg.aclose()
+
+
+async def test_build_registry_picks_backends(demo_assets: DemoAssets, live_server: str) -> None:
+    local = build_registry(corpus_path=demo_assets.corpus_path, image_index_dir=demo_assets.image_dir)
+    text, image = local.get("text_search"), local.get("image_search")
+    assert isinstance(text, TextSearchTool) and isinstance(text.backend, LocalBM25)
+    assert isinstance(image, ImageSearchTool) and isinstance(image.backend, LocalImageIndex)
+
+    remote = build_registry(
+        searxng_url=f"{live_server}/searx", image_search_url=f"{live_server}/images",
+        corpus_path=demo_assets.corpus_path, image_index_dir=demo_assets.image_dir, http_timeout_s=3,
+    )
+    text, image = remote.get("text_search"), remote.get("image_search")
+    assert isinstance(text, TextSearchTool) and isinstance(text.backend, SearxNGBackend)
+    assert isinstance(image, ImageSearchTool) and isinstance(image.backend, HTTPImageSearchBackend)
+    obs = await remote.run(ToolCall("text_search", query="koala sleep hours"), EMPTY)
+    assert obs.ok and "18 to 22 hours" in obs.text
+    client = text.backend._client
+    assert client is not None and not client.is_closed
+    await remote.aclose()
+    assert client.is_closed
+
+    bare = build_registry()
+    assert bare.names == ("zoom",)
+    assert not (await bare.run(ToolCall("text_search", query="x"), EMPTY)).ok

@@ -1,0 +1,163 @@
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ssr_server.demo import DemoAssets
+from ssr_server.errors import ToolError
+from ssr_server.tools.base import ToolCall, ToolContext
+from ssr_server.tools.text_search import (
+    Hit,
+    LocalBM25,
+    SearxNGBackend,
+    TextSearchTool,
+    format_hits,
+    tokenize,
+)
+
+CTX = ToolContext(images=())
+
+
+@pytest.fixture(scope="module")
+def bm25(demo_assets: DemoAssets) -> LocalBM25:
+    return LocalBM25.from_jsonl(demo_assets.corpus_path)
+
+
+def test_tokenize_drops_stopwords_and_plural_s() -> None:
+    assert tokenize("How tall is the Eiffel Tower, in metres?") == ["tall", "eiffel", "tower", "metre"]
+    assert tokenize("a 7 b glass") == ["7", "glass"]
+
+
+@pytest.mark.parametrize(
+    ("query", "answer"),
+    [
+        ("How tall is the Eiffel Tower?", "330 metres"),
+        ("Golden Gate Bridge opened year", "1937"),
+        ("giant panda diet", "Bamboo"),
+        ("Varrow Point Lighthouse built by engineer", "Tresslin"),
+        ("Kestrel K7 tram seats passengers", "64"),
+        ("what do blue whales feed on", "krill"),
+    ],
+)
+async def test_bm25_top_hit_holds_the_fact(bm25: LocalBM25, query: str, answer: str) -> None:
+    hits = await bm25.search(query, 3)
+    assert answer in hits[0].text
+    assert hits[0].url.startswith("https://demo.ssr-server.invalid/wiki/")
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+async def test_bm25_no_match_and_k(bm25: LocalBM25) -> None:
+    assert await bm25.search("zzzyx qwertyuiop", 5) == []
+    assert await bm25.search("the of what is", 5) == []
+    assert len(await bm25.search("tower", 2)) == 2
+    assert len(await bm25.search("tower", 0)) == 0
+    assert len(await bm25.search("the tower", 1000)) <= len(bm25)
+
+
+def test_bm25_load_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"title": "a", "text": "b"}\n{oops\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        LocalBM25.from_jsonl(bad)
+    bad.write_text('{"title": "a"}\n')
+    with pytest.raises(ValueError, match=r":1: a document needs"):
+        LocalBM25.from_jsonl(bad)
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        LocalBM25.from_jsonl(empty)
+
+
+async def test_tool_formats_numbered_hits(bm25: LocalBM25) -> None:
+    obs = await TextSearchTool(bm25, k=3)(ToolCall("text_search", query="  Eiffel   Tower height "), CTX)
+    assert obs.ok
+    lines = obs.text.splitlines()
+    assert lines[0] == 'Results for "Eiffel Tower height":'
+    assert lines[1].startswith("[1] Eiffel Tower: ") and "(https://" in lines[1]
+    assert len(lines) == 4 and lines[3].startswith("[3] ")
+    hits = obs.data["hits"]
+    assert isinstance(hits, list) and len(hits) == 3
+
+
+async def test_tool_truncates_to_budget(bm25: LocalBM25) -> None:
+    obs = await TextSearchTool(bm25, k=10, max_chars=300)(ToolCall("text_search", query="tower"), CTX)
+    assert len(obs.text) <= 300
+    assert obs.text.count("\n[") < 10  # some hits did not fit
+
+
+def test_format_hits_cuts_the_crossing_line() -> None:
+    lines = ["x" * 50, "y" * 50, "z" * 50]
+    assert format_hits("H:", lines, 1000) == "H:\n[1] " + "x" * 50 + "\n[2] " + "y" * 50 + "\n[3] " + "z" * 50
+    cut = format_hits("H:", lines, 100)
+    assert len(cut) == 100 and cut.endswith("y…") and "[3]" not in cut
+    assert format_hits("H:", lines, 70) == "H:\n[1] " + "x" * 50  # too little room left for a useful stub
+
+
+async def test_tool_empty_query_and_no_results(bm25: LocalBM25) -> None:
+    with pytest.raises(ToolError, match="non-empty query"):
+        await TextSearchTool(bm25)(ToolCall("text_search", query="   "), CTX)
+    obs = await TextSearchTool(bm25)(ToolCall("text_search", query="zzzyx"), CTX)
+    assert obs.ok and obs.text == 'No results found for "zzzyx".'
+
+
+async def test_searxng_backend_parses_the_json_api(
+    live_server: str, searx_requests: list[dict[str, str]]
+) -> None:
+    backend = SearxNGBackend(f"{live_server}/searx", params={"engines": "wikipedia"})
+    try:
+        hits = await backend.search("Eiffel Tower tall metres", 2)
+    finally:
+        await backend.aclose()
+    assert len(hits) == 2
+    assert hits[0] == Hit("Eiffel Tower", hits[0].text, hits[0].url, hits[0].score)
+    assert "330" in hits[0].text and hits[0].score >= hits[1].score
+    sent = searx_requests[-1]
+    assert sent["format"] == "json" and sent["engines"] == "wikipedia" and sent["q"].startswith("Eiffel")
+
+
+async def test_searxng_backend_with_shared_client_and_tool(live_server: str) -> None:
+    async with httpx.AsyncClient() as client:
+        tool = TextSearchTool(SearxNGBackend(f"{live_server}/searx" + "/", client=client), k=2)
+        obs = await tool(ToolCall("text_search", query="axolotl lake"), CTX)
+        await tool.aclose()  # a shared client is the caller's to close
+        assert not client.is_closed
+    assert "Xochimilco" in obs.text
+
+
+async def test_searxng_skips_malformed_entries(live_server: str) -> None:
+    hits = await SearxNGBackend(f"{live_server}/mixed").search("x", 5)
+    assert hits == [Hit("Kept", "", "", 1 / 3)]
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [
+        ("broken", "HTTP 500"),
+        ("forbidden", "403"),
+        ("badjson", "not JSON"),
+        ("noresults", "without a 'results' list"),
+    ],
+)
+async def test_searxng_errors_become_tool_errors(live_server: str, prefix: str, message: str) -> None:
+    backend = SearxNGBackend(f"{live_server}/{prefix}")
+    with pytest.raises(ToolError, match=message):
+        await backend.search("anything", 3)
+    await backend.aclose()
+
+
+async def test_searxng_timeout_and_unreachable(live_server: str, free_port_url: str) -> None:
+    start = time.perf_counter()
+    with pytest.raises(ToolError, match=r"did not answer within 0\.2 s"):
+        await SearxNGBackend(f"{live_server}/slow", timeout_s=0.2).search("x", 3)
+    assert time.perf_counter() - start < 1.0  # the server would take 1.5 s
+    with pytest.raises(ToolError, match="unreachable"):
+        await SearxNGBackend(free_port_url).search("x", 3)
+
+
+def test_corpus_lines_match_documents(demo_assets: DemoAssets) -> None:
+    first = json.loads(demo_assets.corpus_path.read_text(encoding="utf-8").splitlines()[0])
+    assert first["id"] == "eiffel-tower#description"
