@@ -12,7 +12,7 @@
 #   SSR_SGLANG_VENV     venv path (default: <repo>/.sglang-venv)
 #   SSR_SGLANG_PYTHON   interpreter to build the venv from (default: python3)
 #   SSR_SGLANG_RUN_DIR  pidfiles and logs (default: /tmp/ssr-sglang)
-#   SSR_SGLANG_START_TIMEOUT  seconds to wait for /health (default: 120)
+#   SSR_SGLANG_START_TIMEOUT  seconds to wait for /health (default: 180; 25-50 s is usual here)
 set -euo pipefail
 
 SCRIPT_PATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")"
@@ -23,7 +23,7 @@ VENV="${SSR_SGLANG_VENV:-$REPO_ROOT/.sglang-venv}"
 case "$VENV" in /*) ;; *) VENV="$REPO_ROOT/$VENV" ;; esac
 BASE_PYTHON="${SSR_SGLANG_PYTHON:-python3}"
 RUN_DIR="${SSR_SGLANG_RUN_DIR:-/tmp/ssr-sglang}"
-START_TIMEOUT="${SSR_SGLANG_START_TIMEOUT:-120}"
+START_TIMEOUT="${SSR_SGLANG_START_TIMEOUT:-180}"
 STAMP="$VENV/.ssr-sglang-stamp"
 
 SGLANG_VERSION="0.5.23"
@@ -93,6 +93,13 @@ PY
 }
 
 cmd_venv() {
+  # One builder at a time (two test sessions may ask at once); the second then finds it current.
+  mkdir -p "$RUN_DIR"
+  exec 9>"$RUN_DIR/venv-$(echo "$VENV" | sha256sum | cut -c1-16).lock"
+  if ! flock -n 9; then
+    log "another build of $VENV is running: waiting for it"
+    flock 9
+  fi
   if venv_is_current; then
     log "venv up to date: $VENV"
     return 0
@@ -101,7 +108,8 @@ cmd_venv() {
   local want
   want="$(source_hash)"
   if [[ -e "$VENV" ]]; then
-    log "venv missing or stale (sources changed): rebuilding $VENV"
+    [[ -f "$VENV/pyvenv.cfg" ]] || die "$VENV exists but is not a venv: not deleting it"
+    log "venv stale (sources changed) or unfinished: rebuilding $VENV"
     rm -rf "$VENV"
   fi
   log "creating venv at $VENV with $("$BASE_PYTHON" --version 2>&1)"

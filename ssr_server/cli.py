@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -58,7 +57,8 @@ def _print_run(run: dict[str, Any]) -> None:
             print(f"     -> {t['observation'][:100]!r}")
     timings = run.get("timings") or {k: run[k] for k in ("total_s", "model_s", "tool_s")}
     print(f"outcome: {run['outcome']}  answer: {run['answer']!r}")
-    print(f"total {timings['total_s']:.3f} s, model {timings['model_s']:.3f} s, tools {timings['tool_s']:.3f} s")
+    print(f"total {timings['total_s']:.3f} s, model {timings['model_s']:.3f} s, "
+          f"tools {timings['tool_s']:.3f} s")
 
 
 @app.command()
@@ -169,4 +169,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from fastapi import FastAPI
@@ -68,7 +69,7 @@ class BodyLimit:
             return
         seen = 0
 
-        async def limited() -> dict[str, object]:
+        async def limited() -> Any:
             nonlocal seen
             message = await receive()
             if message["type"] == "http.request":
@@ -123,8 +124,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from ssr_server.engine.factory import build_engine
 
-        eng = engine or await asyncio.to_thread(build_engine, settings)
-        tl = tools or await asyncio.to_thread(build_tools, settings)
+        eng: Engine = engine if engine is not None else await asyncio.to_thread(build_engine, settings)
+        tl: ToolRegistry = tools if tools is not None else await asyncio.to_thread(build_tools, settings)
         libs = LibraryRegistry(settings.library_dirs)
         libs.get(settings.default_library)  # fail at start, not at the first request
         state = AppState(

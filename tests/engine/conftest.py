@@ -9,6 +9,11 @@ between tests that care about it.
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,6 +89,89 @@ def chat_context(tok: Any, question: str, images: tuple[ImageRef, ...] = (),
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + "<think>\n"
     return Context(tuple(tok.encode(text, add_special_tokens=False)), tuple(images))
+
+
+# In a fresh interpreter under HF_HUB_OFFLINE=1 (read when huggingface_hub is imported, so it cannot be
+# switched on in this process): build the real-vocabulary tiny model (~8 s, mostly converting the 151,643
+# ranks), then load it and the session's trained-vocabulary model with the Auto classes.
+_OFFLINE_PROBE = textwrap.dedent("""
+    import json, sys
+    import torch
+    from ssr_server.engine.tiny import build_tiny_model
+    build_tiny_model(sys.argv[2], seed=0, vocab="qwen")
+    from PIL import Image
+    from transformers import (AutoConfig, AutoImageProcessor, AutoModelForImageTextToText,
+                              AutoTokenizer)
+    from huggingface_hub import constants
+    out = {"offline": bool(constants.HF_HUB_OFFLINE)}
+    for path in sys.argv[1:]:
+        config = AutoConfig.from_pretrained(path)
+        model = AutoModelForImageTextToText.from_pretrained(path).eval()
+        tok = AutoTokenizer.from_pretrained(path)
+        proc = AutoImageProcessor.from_pretrained(path, backend="pil")
+        px = proc(images=[Image.new("RGB", (224, 160), (10, 200, 30))], return_tensors="pt")
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}],
+            tokenize=False, add_generation_prompt=True)
+        n = int(px["image_grid_thw"].prod()) // 4
+        ids = tok.encode(text.replace("<|image_pad|>", "<|image_pad|>" * n))
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids]), pixel_values=px["pixel_values"],
+                           image_grid_thw=px["image_grid_thw"],
+                           mm_token_type_ids=(torch.tensor([ids]) == config.image_token_id).int()).logits
+        out[path] = {
+            "class": type(model).__name__,
+            "vocab_size": config.text_config.vocab_size,
+            "len_tok": len(tok),
+            "ids": {k: getattr(config, k) for k in ("image_token_id", "video_token_id",
+                                                    "vision_start_token_id", "vision_end_token_id")},
+            "tok_ids": {t: tok.convert_tokens_to_ids(t) for t in
+                        ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>",
+                         "<|im_end|>", "<|endoftext|>")},
+            "eos": tok.eos_token, "hello": tok.encode("Hello world"),
+            "template": text, "grid": px["image_grid_thw"].tolist(),
+            "logits_shape": list(logits.shape), "finite": bool(torch.isfinite(logits).all()),
+        }
+    print(json.dumps(out))
+""")
+
+
+class OfflineProbe:
+    """The probe above, running in the background while other tests run (it is mostly single-threaded)."""
+
+    def __init__(self, trained_dir: Path, qwen_dir: Path, logs: Path) -> None:
+        self.qwen_dir = qwen_dir
+        self._out, self._err = logs / "probe.out", logs / "probe.err"
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+        with self._out.open("w") as out, self._err.open("w") as err:
+            self.proc = subprocess.Popen([sys.executable, "-c", _OFFLINE_PROBE, str(trained_dir),
+                                          str(qwen_dir)], env=env, stdout=out, stderr=err)
+
+    def result(self, timeout: float = 300) -> dict[str, Any]:
+        rc = self.proc.wait(timeout)
+        assert rc == 0, self._err.read_text()[-4000:]
+        out: dict[str, Any] = json.loads(self._out.read_text().strip().splitlines()[-1])
+        return out
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def offline_probe(tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OfflineProbe]:
+    logs = tmp_path_factory.mktemp("probe")
+    probe = OfflineProbe(tiny_dir, logs / "tiny-qwen", logs)
+    yield probe
+    probe.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _start_offline_probe_early(request: pytest.FixtureRequest) -> None:
+    """Start the probe with the session when any selected test needs it, so it overlaps other tests."""
+    if any("offline_probe" in getattr(item, "fixturenames", ()) for item in request.session.items):
+        request.getfixturevalue("offline_probe")
 
 
 @pytest.fixture(scope="session")

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -16,62 +12,19 @@ from ssr_server.engine.tiny import SPECIAL_TOKENS, build_tiny_model, ensure_tiny
 
 ARTIFACTS = ("model.safetensors", "tokenizer.json", "config.json")
 
-# Loads a model directory with the Auto classes in a fresh interpreter under HF_HUB_OFFLINE=1 (the
-# variable is read when huggingface_hub is imported, so it cannot be switched on in this process).
-_OFFLINE_PROBE = textwrap.dedent("""
-    import json, sys
-    import torch
-    from PIL import Image
-    from transformers import (AutoConfig, AutoImageProcessor, AutoModelForImageTextToText,
-                              AutoTokenizer)
-    from huggingface_hub import constants
-    out = {"offline": bool(constants.HF_HUB_OFFLINE)}
-    for path in sys.argv[1:]:
-        config = AutoConfig.from_pretrained(path)
-        model = AutoModelForImageTextToText.from_pretrained(path).eval()
-        tok = AutoTokenizer.from_pretrained(path)
-        proc = AutoImageProcessor.from_pretrained(path, backend="pil")
-        px = proc(images=[Image.new("RGB", (224, 160), (10, 200, 30))], return_tensors="pt")
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hi"}]}],
-            tokenize=False, add_generation_prompt=True)
-        n = int(px["image_grid_thw"].prod()) // 4
-        ids = tok.encode(text.replace("<|image_pad|>", "<|image_pad|>" * n))
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids]), pixel_values=px["pixel_values"],
-                           image_grid_thw=px["image_grid_thw"],
-                           mm_token_type_ids=(torch.tensor([ids]) == config.image_token_id).int()).logits
-        out[path] = {
-            "class": type(model).__name__,
-            "vocab_size": config.text_config.vocab_size,
-            "len_tok": len(tok),
-            "ids": {k: getattr(config, k) for k in ("image_token_id", "video_token_id",
-                                                    "vision_start_token_id", "vision_end_token_id")},
-            "tok_ids": {t: tok.convert_tokens_to_ids(t) for t in
-                        ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>",
-                         "<|im_end|>", "<|endoftext|>")},
-            "eos": tok.eos_token, "hello": tok.encode("Hello world"),
-            "template": text, "grid": px["image_grid_thw"].tolist(),
-            "logits_shape": list(logits.shape), "finite": bool(torch.isfinite(logits).all()),
-        }
-    print(json.dumps(out))
-""")
-
 
 @pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The real-vocabulary build (~8 s, mostly converting the 151,643 ranks): once per session."""
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen") / "model", seed=0, vocab="qwen")
-
-
-@pytest.fixture(scope="module")
-def offline(tiny_dir: Path, qwen_dir: Path) -> dict[str, Any]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-c", _OFFLINE_PROBE, str(tiny_dir), str(qwen_dir)],
-                          env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+def offline(offline_probe: Any) -> dict[str, Any]:
+    """What the background probe (started at session start, see conftest) found."""
+    result: dict[str, Any] = offline_probe.result()
     return result
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(offline_probe: Any, offline: dict[str, Any]) -> Path:
+    """The real-vocabulary build the probe made (ready once its result is in)."""
+    path: Path = offline_probe.qwen_dir
+    return path
 
 
 def _bytes(d: Path) -> dict[str, bytes]:

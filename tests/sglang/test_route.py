@@ -45,10 +45,10 @@ class Reference:
         self.merge = int(cfg.vision_config.spatial_merge_size)
 
     def chat(self, content: Any) -> list[int]:
-        out = self.tok.apply_chat_template(
+        out: Any = self.tok.apply_chat_template(
             [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=True
         )
-        ids = out["input_ids"] if not isinstance(out, list) else out
+        ids: Any = out if isinstance(out, list) else out["input_ids"]  # BatchEncoding in transformers 5
         return [int(t) for t in ids]
 
     def expand(self, ctx: Sequence[int], images: Sequence[Image.Image]) -> tuple[list[int], dict[str, Any]]:
@@ -100,10 +100,10 @@ def png_b64(image: Image.Image) -> str:
 def make_image(w: int = 224, h: int = 160) -> Image.Image:
     """Deterministic, structured pixels (224x160 = 7x5 blocks of 32: the processor does not resize)."""
     im = Image.new("RGB", (w, h))
-    im.putdata([((x * 7 + y) % 256, (x * y) % 256, (3 * x + 5 * y) % 256) for y in range(h) for x in range(w)])
+    im.putdata(
+        [((x * 7 + y) % 256, (x * y) % 256, (3 * x + 5 * y) % 256) for y in range(h) for x in range(w)]
+    )
     return im
-
-
 
 
 def post_score(url: str, body: Any, timeout: float = 120.0) -> tuple[httpx.Response, float]:
@@ -113,7 +113,10 @@ def post_score(url: str, body: Any, timeout: float = 120.0) -> tuple[httpx.Respo
 
 
 def check_against_reference(
-    ref: Reference, resp: dict[str, Any], ctx: list[int], cands: list[list[int]],
+    ref: Reference,
+    resp: dict[str, Any],
+    ctx: list[int],
+    cands: list[list[int]],
     images: Sequence[Image.Image] = (),
 ) -> None:
     assert len(resp["scores"]) == len(cands)
@@ -146,8 +149,10 @@ def test_score_text_context(sglang_url: str, ref: Reference) -> None:
     assert body["context_tokens"] == len(ctx) == body["compact_context_tokens"]
     assert body["context_cached_tokens"] >= len(ctx) - 1  # the context was cached by the first call
     check_against_reference(ref, body, ctx, cands)
-    print(f"\n/ssr/score text: ctx {len(ctx)} tokens, K={len(cands)}: "
-          f"latencies {[f'{x * 1000:.0f} ms' for x in lat]}, server timings {body['timings']}")
+    print(
+        f"\n/ssr/score text: ctx {len(ctx)} tokens, K={len(cands)}: "
+        f"latencies {[f'{x * 1000:.0f} ms' for x in lat]}, server timings {body['timings']}"
+    )
 
 
 def test_score_image_context(sglang_url: str, ref: Reference) -> None:
@@ -166,18 +171,27 @@ def test_score_image_context(sglang_url: str, ref: Reference) -> None:
     assert body["context_tokens"] > len(ctx)  # SGLang expanded the pad
     assert body["context_cached_tokens"] >= body["context_tokens"] - 1
     check_against_reference(ref, body, ctx, cands, [image])
-    print(f"\n/ssr/score image: ctx {len(ctx)} compact / {body['context_tokens']} expanded, "
-          f"K={len(cands)}: latencies {[f'{x * 1000:.0f} ms' for x in lat]}, timings {body['timings']}")
+    print(
+        f"\n/ssr/score image: ctx {len(ctx)} compact / {body['context_tokens']} expanded, "
+        f"K={len(cands)}: latencies {[f'{x * 1000:.0f} ms' for x in lat]}, timings {body['timings']}"
+    )
 
 
 def test_score_two_resized_images(sglang_url: str, ref: Reference) -> None:
     """Sizes the processor must resize: equal only when both sides use the same (PIL) preprocessing."""
     images = [make_image(200, 150), make_image(640, 480).transpose(Image.Transpose.FLIP_LEFT_RIGHT)]
-    ctx = ref.chat([{"type": "image"}, {"type": "text", "text": "Compare"}, {"type": "image"},
-                    {"type": "text", "text": "Which country?"}])
+    ctx = ref.chat(
+        [
+            {"type": "image"},
+            {"type": "text", "text": "Compare"},
+            {"type": "image"},
+            {"type": "text", "text": "Which country?"},
+        ]
+    )
     cands = [ref.tok.encode(t) for t in CANDIDATE_TEXTS[:2]]
-    r, _ = post_score(sglang_url, {"input_ids": ctx, "image_data": [png_b64(i) for i in images],
-                                   "candidates": cands})
+    r, _ = post_score(
+        sglang_url, {"input_ids": ctx, "image_data": [png_b64(i) for i in images], "candidates": cands}
+    )
     assert r.status_code == 200, r.text
     check_against_reference(ref, r.json(), ctx, cands, images)
 
@@ -219,12 +233,25 @@ def test_bad_inputs_are_4xx_json(sglang_url: str, ref: Reference) -> None:
         ({"input_ids": ctx, "candidates": [[ref.image_token_id]]}, 422, "pad"),
         ({"input_ids": ctx, "image_data": [png_b64(make_image())], "candidates": good}, 422, "image pad"),
         ({"input_ids": [*ctx, ref.image_token_id], "candidates": good}, 422, "image pad"),
-        ({"input_ids": [*ctx, ref.image_token_id], "image_data": ["not base64!"], "candidates": good},
-         422, "base64"),
-        ({"input_ids": [*ctx, ref.image_token_id], "image_data": ["aGVsbG8="], "candidates": good},
-         422, "image"),
-        ({"input_ids": [*ctx, ref.image_token_id], "image_data": ["http://example.com/x.png"],
-          "candidates": good}, 422, "base64"),
+        (
+            {"input_ids": [*ctx, ref.image_token_id], "image_data": ["not base64!"], "candidates": good},
+            422,
+            "base64",
+        ),
+        (
+            {"input_ids": [*ctx, ref.image_token_id], "image_data": ["aGVsbG8="], "candidates": good},
+            422,
+            "image",
+        ),
+        (
+            {
+                "input_ids": [*ctx, ref.image_token_id],
+                "image_data": ["http://example.com/x.png"],
+                "candidates": good,
+            },
+            422,
+            "base64",
+        ),
         ({"input_ids": ctx, "candidates": ["zoom"]}, 400, "integers"),
         ({"input_ids": ctx, "candidates": [[1.5]]}, 400, "integers"),
         ({"input_ids": ctx}, 400, "required"),
@@ -236,8 +263,12 @@ def test_bad_inputs_are_4xx_json(sglang_url: str, ref: Reference) -> None:
         r, _ = post_score(sglang_url, body)
         msg = _error(r, status)
         assert needle in msg, (body if len(str(body)) < 300 else str(body)[:300], msg)
-    r = httpx.post(f"{sglang_url}/ssr/score", content=b"{not json", timeout=30,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        f"{sglang_url}/ssr/score",
+        content=b"{not json",
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
     _error(r, 400)
     # the engine survived all of that
     r, _ = post_score(sglang_url, {"input_ids": ctx, "candidates": good})

@@ -156,9 +156,7 @@ def _check_image(data: str, index: int) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def check_row(
-    entries: Sequence[Sequence[Any]], candidate: Sequence[int], row: int
-) -> list[float]:
+def check_row(entries: Sequence[Sequence[Any]], candidate: Sequence[int], row: int) -> list[float]:
     """From one row's ``input_token_logprobs`` (starting at the last context token), the candidate's
     log-probabilities; raises ``ScoreError(500)`` if SGLang answered for other tokens or non-finite values."""
     if len(entries) != len(candidate) + 1:
@@ -211,11 +209,15 @@ async def score(body: Any, request: Any) -> dict[str, Any]:
 
     # 1. The context alone: the radix cache then holds it, and we learn its expanded length.
     images = req.image_data or None
-    ctx_out = _outputs(await run(GenerateReqInput(
-        input_ids=req.input_ids,
-        image_data=images,
-        sampling_params={"max_new_tokens": 0},
-    )))[0]
+    ctx_out = _outputs(
+        await run(
+            GenerateReqInput(
+                input_ids=req.input_ids,
+                image_data=images,
+                sampling_params={"max_new_tokens": 0},
+            )
+        )
+    )[0]
     meta = ctx_out.get("meta_info", {})
     prompt_tokens = int(meta["prompt_tokens"])
     ctx_cached = int(meta.get("cached_tokens", 0))
@@ -224,13 +226,17 @@ async def score(body: Any, request: Any) -> dict[str, Any]:
     # 2. K rows context + candidate in one batch, logprobs from the last context token on.
     k = len(req.candidates)
     rows = [req.input_ids + c for c in req.candidates]
-    outs = _outputs(await run(GenerateReqInput(
-        input_ids=rows,
-        image_data=[list(req.image_data) for _ in range(k)] if images else None,
-        sampling_params={"max_new_tokens": 0},
-        return_logprob=True,
-        logprob_start_len=prompt_tokens - 1,
-    )))
+    outs = _outputs(
+        await run(
+            GenerateReqInput(
+                input_ids=rows,
+                image_data=[list(req.image_data) for _ in range(k)] if images else None,
+                sampling_params={"max_new_tokens": 0},
+                return_logprob=True,
+                logprob_start_len=prompt_tokens - 1,
+            )
+        )
+    )
     t3 = time.perf_counter()
     if len(outs) != k:
         raise ScoreError(500, f"SGLang returned {len(outs)} rows for {k} candidates", "engine_error")
@@ -239,12 +245,14 @@ async def score(body: Any, request: Any) -> dict[str, Any]:
     for i, (out, cand) in enumerate(zip(outs, req.candidates, strict=True)):
         m = out.get("meta_info", {})
         lps = check_row(m.get("input_token_logprobs") or [], cand, i)
-        scores.append({
-            "token_logprobs": lps,
-            "logprob_sum": math.fsum(lps),
-            "num_tokens": len(lps),
-            "cached_tokens": int(m.get("cached_tokens", 0)),
-        })
+        scores.append(
+            {
+                "token_logprobs": lps,
+                "logprob_sum": math.fsum(lps),
+                "num_tokens": len(lps),
+                "cached_tokens": int(m.get("cached_tokens", 0)),
+            }
+        )
     return {
         "scores": scores,
         "context_tokens": prompt_tokens,

@@ -81,8 +81,9 @@ def load_model(path_or_id: str, dtype: str = "fp32", device: str = "cpu",
         raise EngineError(f"cannot load model config from {path_or_id!r}: {exc}") from exc
     is_vl = hasattr(config, "vision_config")
     cls = AutoModelForImageTextToText if is_vl else AutoModelForCausalLM
-    model = cls.from_pretrained(path_or_id, dtype=torch_dtype, attn_implementation=attn_implementation)
-    model.to(device).eval()
+    model: Any = cls.from_pretrained(path_or_id, dtype=torch_dtype, attn_implementation=attn_implementation)
+    model.to(device)
+    model.eval()
     tokenizer = AutoTokenizer.from_pretrained(path_or_id)
     image_processor = None
     merge_size = 1

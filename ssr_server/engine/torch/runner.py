@@ -246,7 +246,7 @@ class ModelRunner:
             kwargs: dict[str, Any] = {}
             if pv is not None:
                 kwargs = {"pixel_values": pv, "image_grid_thw": grid,
-                          "mm_token_type_ids": (ids == self.lm.image_token_id).int()}
+                          "mm_token_type_ids": torch.eq(ids, self.lm.image_token_id or -1).int()}
             logits = self.lm.model(input_ids=ids, use_cache=False, **kwargs).logits[0].float()
             lp = torch.log_softmax(logits[n - 1 : n + len(cand) - 1], dim=-1)
             lp = lp.gather(1, torch.tensor(cand).view(-1, 1))[:, 0]

@@ -1,4 +1,4 @@
-"""Next-token choice (greedy, or seeded temperature / top-k / top-p) and stop-string detection."""
+"""Next-token choice: greedy, or seeded temperature / top-k / top-p."""
 
 from __future__ import annotations
 
@@ -35,12 +35,3 @@ class Sampler:
             probs = torch.zeros_like(probs).scatter_(0, order, sorted_p)
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
-
-def find_stop(text: str, stops: tuple[str, ...], search_from: int = 0) -> tuple[int, str] | None:
-    """The earliest stop string in ``text[search_from:]``: (index, stop) or None."""
-    best: tuple[int, str] | None = None
-    for s in stops:
-        i = text.find(s, search_from)
-        if i >= 0 and (best is None or i < best[0]):
-            best = (i, s)
-    return best

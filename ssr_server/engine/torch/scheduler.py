@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 import torch
 
 from ssr_server.engine.base import CandidateScore, Context, Generation, GenerationParams
+from ssr_server.engine.stop import find_stop
 from ssr_server.engine.torch.kv import SeqKV
 from ssr_server.engine.torch.prefix_cache import CacheEntry
 from ssr_server.engine.torch.runner import Chunk, ModelRunner, Prepared
-from ssr_server.engine.torch.sampling import Sampler, find_stop
+from ssr_server.engine.torch.sampling import Sampler
 from ssr_server.errors import EngineError, SSRError
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,236 @@
+"""The SGLang engine: the same Engine protocol as the embedded engine, over SGLang's HTTP API.
+
+Scoring goes through our ``/ssr/score`` route (one call: the route prefills the context once and scores
+all candidates against SGLang's radix cache). Pointed at a plain SGLang server or at SGLang's router
+(which proxies only standard routes), it does the same two steps itself over ``/generate``: the context
+alone with ``max_new_tokens`` 0, then one batch of the K rows context+candidate with
+``logprob_start_len = P - 1`` (P = SGLang's image-expanded context length, read from the first call).
+``auto`` tries the route and falls back to the two steps for good on a 404.
+
+Connection errors are retried (tenacity); a server that stays unreachable is ``EngineUnavailable``
+(HTTP 503 at our edge), so the agent recovers by itself when SGLang comes back. A cancelled call (the
+client of the run went away) is aborted on the SGLang side too, through ``/abort_request``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from ssr_server.engine.base import CandidateScore, Context, FinishReason, Generation, GenerationParams
+from ssr_server.engine.stop import find_stop
+from ssr_server.errors import EngineError, EngineUnavailable, InvalidRequest
+
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+
+
+class _RouteMissing(Exception):
+    pass
+
+
+class SGLangEngine:
+    def __init__(self, url: str, *, model: str, scoring: str = "auto", timeout_s: float = 120.0,
+                 retries: int = 3, client: httpx.AsyncClient | None = None) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        if scoring not in ("auto", "route", "generate"):
+            raise EngineError(f"scoring must be auto, route or generate, not {scoring!r}")
+        self.url = url.rstrip("/")
+        self.model_name = model
+        self.scoring = scoring
+        self.retries = retries
+        self._tokenizer = AutoTokenizer.from_pretrained(model)
+        config = AutoConfig.from_pretrained(model)
+        self.image_token_id: int | None = getattr(config, "image_token_id", None)
+        self._client = client or httpx.AsyncClient(
+            base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0), trust_env=False,
+            limits=httpx.Limits(max_connections=128, max_keepalive_connections=64))
+        self._aborts: set[asyncio.Task[None]] = set()
+        self.calls = {"route": 0, "generate": 0, "aborted": 0}
+
+    @property
+    def name(self) -> str:
+        return "sglang"
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    # ---- HTTP ----------------------------------------------------------------------------------
+    async def _post(self, path: str, payload: dict[str, Any], rid: str | None = None) -> Any:
+        try:
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(_RETRYABLE), stop=stop_after_attempt(self.retries),
+                wait=wait_exponential(multiplier=0.2, max=2.0), reraise=True,
+            ):
+                with attempt:
+                    resp = await self._client.post(path, json=payload)
+        except asyncio.CancelledError:
+            if rid is not None:
+                self._abort(rid)
+            raise
+        except _RETRYABLE as exc:
+            raise EngineUnavailable(f"SGLang at {self.url} is unreachable: {type(exc).__name__}") from None
+        except httpx.TimeoutException:
+            raise EngineError(f"SGLang at {self.url} did not answer {path} in time") from None
+        except httpx.HTTPError as exc:
+            raise EngineUnavailable(f"SGLang at {self.url} failed: {type(exc).__name__}: {exc}") from None
+        if resp.status_code == 404 and path == "/ssr/score":
+            raise _RouteMissing
+        if resp.status_code == 503:
+            raise EngineUnavailable(f"SGLang at {self.url} is not ready (503)")
+        if resp.status_code >= 400:
+            message = _error_message(resp)
+            if resp.status_code in (400, 422):
+                raise InvalidRequest(f"SGLang refused the request: {message}")
+            raise EngineError(f"SGLang answered {resp.status_code} on {path}: {message}")
+        try:
+            return resp.json()
+        except ValueError:
+            raise EngineError(f"SGLang answered {path} with a body that is not JSON") from None
+
+    def _abort(self, rid: str) -> None:
+        async def abort() -> None:
+            try:
+                await self._client.post("/abort_request", json={"rid": rid}, timeout=5.0)
+                self.calls["aborted"] += 1
+            except httpx.HTTPError:
+                pass
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    @staticmethod
+    def _images(ctx: Context) -> list[str]:
+        return [base64.b64encode(img.png_bytes()).decode() for img in ctx.images]
+
+    # ---- Engine protocol -----------------------------------------------------------------------
+    async def score(self, context: Context, candidates: Sequence[Sequence[int]]) -> list[CandidateScore]:
+        cands = [list(c) for c in candidates]
+        if not cands or any(len(c) == 0 for c in cands):
+            raise InvalidRequest("candidates must be a non-empty list of non-empty token lists")
+        if self.scoring != "generate":
+            try:
+                return await self._score_route(context, cands)
+            except _RouteMissing:
+                if self.scoring == "route":
+                    raise EngineError("SGLang has no /ssr/score route (start it with ssr-server "
+                                      "sglang-launch, or set scoring to generate)") from None
+                self.scoring = "generate"  # a plain server or the router: use /generate from now on
+        return await self._score_two_step(context, cands)
+
+    async def _score_route(self, ctx: Context, cands: list[list[int]]) -> list[CandidateScore]:
+        payload: dict[str, Any] = {"input_ids": list(ctx.token_ids), "candidates": cands}
+        if ctx.images:
+            payload["image_data"] = self._images(ctx)
+        body = await self._post("/ssr/score", payload)
+        self.calls["route"] += 1
+        total = int(body.get("context_tokens", 0))
+        return [CandidateScore(tuple(float(x) for x in s["token_logprobs"]),
+                               cached_tokens=int(s.get("cached_tokens", 0)), context_tokens=total)
+                for s in body["scores"]]
+
+    async def _score_two_step(self, ctx: Context, cands: list[list[int]]) -> list[CandidateScore]:
+        ids = list(ctx.token_ids)
+        images = self._images(ctx)
+        first: dict[str, Any] = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}}
+        if images:
+            first["image_data"] = images
+        head = await self._post("/generate", first)
+        self.calls["generate"] += 1
+        p = int(head["meta_info"]["prompt_tokens"])  # expanded length
+        batch: dict[str, Any] = {
+            "input_ids": [ids + c for c in cands], "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": p - 1,
+        }
+        if images:
+            batch["image_data"] = [images for _ in cands]
+        rows = await self._post("/generate", batch)
+        self.calls["generate"] += 1
+        if not isinstance(rows, list) or len(rows) != len(cands):
+            raise EngineError("SGLang's batched answer does not hold one row per candidate")
+        out = []
+        for cand, row in zip(cands, rows, strict=True):
+            meta = row["meta_info"]
+            entries = meta["input_token_logprobs"][1:]  # the first is the last context token
+            got = [int(e[1]) for e in entries]
+            if got != cand:
+                raise EngineError("SGLang returned log-probabilities for other tokens than the candidate's")
+            lps = tuple(float(e[0]) for e in entries)
+            if not all(math.isfinite(x) for x in lps):
+                raise EngineError("SGLang returned a non-finite log-probability")
+            out.append(CandidateScore(lps, cached_tokens=int(meta.get("cached_tokens", 0)), context_tokens=p))
+        return out
+
+    async def generate(self, context: Context, params: GenerationParams) -> Generation:
+        if params.max_new_tokens < 1:
+            raise InvalidRequest("max_new_tokens must be >= 1")
+        sampling: dict[str, Any] = {
+            "max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
+            "top_p": params.top_p, "top_k": params.top_k if params.top_k > 0 else -1,
+            "skip_special_tokens": False, "no_stop_trim": True,
+        }
+        if params.stop:
+            sampling["stop"] = list(params.stop)
+        rid = uuid.uuid4().hex
+        payload: dict[str, Any] = {"input_ids": list(context.token_ids), "sampling_params": sampling,
+                                   "rid": rid}
+        if context.images:
+            payload["image_data"] = self._images(context)
+        t0 = time.perf_counter()
+        body = await self._post("/generate", payload, rid=rid)
+        self.calls["generate"] += 1
+        meta = body.get("meta_info", {})
+        ids = tuple(int(t) for t in body.get("output_ids", ()))
+        text = str(body.get("text", ""))
+        fr = meta.get("finish_reason") or {}
+        reason: FinishReason = "length"
+        stop_text: str | None = None
+        if fr.get("type") == "stop":
+            matched = fr.get("matched")
+            if isinstance(matched, str):
+                reason, stop_text = "stop", matched
+            else:
+                reason = "eos"
+        if params.stop and (hit := find_stop(text, params.stop)) is not None:
+            reason, stop_text, text = "stop", hit[1], text[: hit[0]]
+        return Generation(
+            token_ids=ids, text=text, finish_reason=reason, prompt_tokens=int(meta.get("prompt_tokens", 0)),
+            cached_tokens=int(meta.get("cached_tokens", 0)), elapsed_s=time.perf_counter() - t0,
+            stop_text=stop_text, timings={"generate_s": time.perf_counter() - t0},
+        )
+
+    async def ready(self) -> bool:
+        try:
+            resp = await self._client.get("/health", timeout=3.0)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def close(self) -> None:
+        for task in list(self._aborts):
+            await asyncio.wait({task}, timeout=2.0)
+        await self._client.aclose()
+
+
+def _error_message(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+    except ValueError:
+        return resp.text[:300]
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict):
+            return str(err.get("message", err))[:300]
+        if "message" in body:
+            return str(body["message"])[:300]
+    return str(body)[:300]

@@ -1,0 +1,106 @@
+"""Shared fixtures: the tiny model (built once per session), the demo world, real servers.
+
+``live_server`` runs the real app under a real uvicorn server on 127.0.0.1 in a background thread;
+tests talk to it over HTTP with httpx. The loaded engine is shared between servers so that starting
+one costs no model load.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from ssr_server.engine.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="session")
+def demo_assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("demo") / "world"
+
+
+@pytest.fixture(scope="session")
+def torch_engine(tiny_model_dir: Path) -> Iterator[Any]:
+    import asyncio
+
+    from ssr_server.engine.torch.engine import TorchEngine
+
+    engine = TorchEngine(str(tiny_model_dir))
+    yield engine
+    asyncio.run(engine.close())
+
+
+@pytest.fixture(scope="session")
+def demo_tools(demo_assets_dir: Path) -> Any:
+    from ssr_server.tools.registry import demo_registry
+
+    return demo_registry(demo_assets_dir)
+
+
+@contextlib.contextmanager
+def live_server(settings: Any = None, engine: Any = None, tools: Any = None,
+                timeout_s: float = 60.0) -> Iterator[str]:
+    """A real uvicorn server on 127.0.0.1 serving ``create_app(settings, engine, tools)``."""
+    import uvicorn
+
+    from ssr_server.api.app import create_app
+    from ssr_server.config import Settings
+
+    port = free_port()
+    settings = settings or Settings()
+    config = uvicorn.Config(create_app(settings, engine=engine, tools=tools), host="127.0.0.1", port=port,
+                            log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.started:
+            break
+        if not thread.is_alive():
+            raise RuntimeError("server thread died during start-up")
+        time.sleep(0.05)
+    else:
+        raise TimeoutError("server did not start")
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+@pytest.fixture(scope="session")
+def server_url(torch_engine: Any, demo_tools: Any) -> Iterator[str]:
+    from ssr_server.config import Settings
+
+    with live_server(Settings(max_concurrent_runs=8, max_queued_runs=32), torch_engine, demo_tools) as url:
+        yield url
+
+
+@pytest.fixture()
+def client(server_url: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server_url, timeout=120) as c:
+        yield c
