@@ -42,7 +42,7 @@ def reference_greedy(lm: LoadedModel, ctx: Context, steps: int) -> list[int]:
         x = torch.tensor([ids])
         kwargs: dict[str, Any] = dict(extra)
         if extra:
-            kwargs["mm_token_type_ids"] = (x == lm.image_token_id).to(torch.int32)
+            kwargs["mm_token_type_ids"] = torch.eq(x, int(lm.image_token_id or -1)).to(torch.int32)
         logits = lm.model(input_ids=x, use_cache=False, **kwargs).logits[0, -1]
         nxt = int(torch.argmax(logits))
         out.append(nxt)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The main job: set up, start the agent server on the embedded default (offline tiny Qwen3-VL, built
+# on first use), wait until it is ready, and ask it one question about a demo-world image.
+# The server keeps serving afterwards (Ctrl-C stops it); DEMO_ONCE=1 stops it after the answer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PORT=${SSR_PORT:-8000}
+URL="http://127.0.0.1:$PORT"
+.venv/bin/ssr-server serve --host 127.0.0.1 --port "$PORT" &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+for _ in $(seq 1 300); do
+  curl -sf "$URL/ready" >/dev/null 2>&1 && break
+  kill -0 $SERVER 2>/dev/null || { echo "demo: the server exited during start-up" >&2; exit 1; }
+  sleep 0.5
+done
+IMG=$(mktemp --suffix=.png)
+.venv/bin/python -c "from ssr_server.demo.world import render_image, entities; render_image(entities()[0].id).save('$IMG')"
+echo "demo: asking $URL about $IMG" >&2
+.venv/bin/ssr-server ask --server "$URL" --image "$IMG" --question "What is this landmark and how tall is it?" \
+  --tau 1.0 --seed 7 --max-turns 4
+rm -f "$IMG"
+if [ "${DEMO_ONCE:-0}" = "1" ]; then exit 0; fi
+echo "demo: serving on $URL (Ctrl-C to stop). Try: curl -s $URL/v1/libraries" >&2
+wait $SERVER

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test command: set up everything from the project's own files, lint, type-check, run the suite.
+# Includes the real SGLang CPU harness (its own cached venv) and promtool for the alert rules.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "test: installing promtool (Debian package prometheus)" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null
+fi
+bash scripts/sglang-cpu.sh venv
+.venv/bin/ruff check .
+.venv/bin/mypy ssr_server
+exec .venv/bin/pytest -q -p no:cacheprovider "$@"
