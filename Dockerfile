@@ -6,7 +6,8 @@
 #   docker build --target gpu -t ssr-server:gpu .   SGLang's official GPU image plus this package: runs
 #                                                   `ssr-server sglang-launch` (SGLang + the /ssr/score route)
 #                                                   and SGLang's router
-# Both run as uid 10001 and keep the Hugging Face cache in /data/hf (mount a volume there).
+# Both run as uid 10001 and keep their caches under /data (mount a volume there): the Hugging Face cache in
+# /data/hf, the agent's own (the offline tiny model, demo tool data) in /data/ssr-cache.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # Same SGLang version as the CPU test harness (shared/notes/sglang-on-cpu.md).
@@ -28,7 +29,8 @@ ARG APP_UID
 ENV PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    HF_HOME=/data/hf
+    HF_HOME=/data/hf \
+    SSR_CACHE_DIR=/data/ssr-cache
 # torch first, from the CPU index, so that the project's "torch>=2.13" is already met and pip never pulls a
 # CUDA build from PyPI; this layer stays cached while the code changes.
 RUN pip install --no-cache-dir "torch==${TORCH_VERSION}" --index-url https://download.pytorch.org/whl/cpu
@@ -37,7 +39,7 @@ RUN pip install --no-cache-dir /tmp/wheels/*.whl \
  && rm -rf /tmp/wheels \
  && python -c "import torch; assert not torch.version.cuda, torch.__version__" \
  && useradd --create-home --uid "${APP_UID}" --user-group ssr \
- && mkdir -p /data/hf /models \
+ && mkdir -p /data/hf /data/ssr-cache /models \
  && chown -R "${APP_UID}:${APP_UID}" /data /models
 WORKDIR /home/ssr
 USER ${APP_UID}
@@ -52,6 +54,7 @@ ARG APP_UID
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HOME=/data/hf \
+    SSR_CACHE_DIR=/data/ssr-cache \
     SSR_HEALTH_URL=http://127.0.0.1:30000/health
 COPY --from=wheel /wheels /tmp/wheels
 # Every package already in the image is pinned to its installed version (constraints), so pip adds only the
@@ -63,7 +66,7 @@ RUN python3 -m pip list --format=freeze > /tmp/image-pins.txt \
  && ssr-server --help > /dev/null \
  && python3 -c "import sglang_router" \
  && useradd --create-home --uid "${APP_UID}" --user-group ssr \
- && mkdir -p /data/hf /models \
+ && mkdir -p /data/hf /data/ssr-cache /models \
  && chown -R "${APP_UID}:${APP_UID}" /data /models
 WORKDIR /home/ssr
 USER ${APP_UID}

@@ -134,8 +134,9 @@ cmd_venv() {
   cp -r "$STUB_DIR/." "$stub_tmp/"
   "${pip[@]}" --no-deps --no-build-isolation "$stub_tmp"
   rm -rf "$stub_tmp"
-  log "6/6 this project (editable, no deps)"
+  log "6/6 this project (editable, no deps; typer for the ssr-server CLI entry)"
   "${pip[@]}" --no-deps --no-build-isolation -e "$REPO_ROOT"
+  "${pip[@]}" -c "$cons" typer
 
   log "smoke test: importing sglang's server modules"
   SGLANG_USE_CPU_ENGINE=1 "$VENV/bin/python" - <<'PY'
@@ -143,6 +144,7 @@ import torch, torchvision, sgl_kernel, sglang
 from sglang.srt.entrypoints import http_server  # noqa: F401
 from sglang.srt.server_args import prepare_server_args  # noqa: F401
 import ssr_server.engine.sglang.server  # noqa: F401
+import ssr_server.cli  # noqa: F401  (ssr-server sglang-launch)
 assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed"), "stub must not fake capabilities"
 print(f"ok: torch {torch.__version__}, torchvision {torchvision.__version__}, sglang {sglang.__version__}")
 PY
@@ -268,7 +270,7 @@ main() {
     stop) cmd_stop "$@" ;;
     status) cmd_status "$@" ;;
     hash) source_hash ;;
-    *) sed -n '2,16p' "$SCRIPT_PATH" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    *) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$SCRIPT_PATH" >&2; exit 2 ;;
   esac
 }
 

@@ -10,6 +10,7 @@ External checkers run here and a missing one FAILS the test (never skips):
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -404,6 +405,8 @@ def test_dashboard_is_well_formed(exposition: dict[str, set[str]]) -> None:
     ids = [p["id"] for p in dash["panels"]]
     assert len(ids) == len(set(ids)), "duplicate panel ids"
     assert dash["uid"] and dash["title"] and isinstance(dash["schemaVersion"], int)
+    for var in dash["templating"]["list"]:
+        assert var["datasource"]["uid"] in uids, var["name"]
     for p in panels():
         assert p["datasource"]["uid"] in uids, p["title"]
         assert p["targets"], p["title"]
@@ -436,6 +439,22 @@ def test_compose_config_is_valid() -> None:
     for args in ((), ("--profile", "cpu")):
         out = run(exe, "-f", str(COMPOSE), *args, "config", "--quiet")
         assert out.returncode == 0, out.stdout + out.stderr
+    # interpolated with no SSR_* in the environment: the defaults
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SSR_", "HF_"))}
+    out = subprocess.run(
+        [exe, "-f", str(COMPOSE), "--profile", "cpu", "config", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+        cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stderr
+    services = json.loads(out.stdout)["services"]
+    cpu_env = services["agent-cpu"]["environment"]
+    assert cpu_env["SSR_MODEL"] == "" and cpu_env["HF_HUB_OFFLINE"] == "1"  # offline tiny model
+    assert services["agent"]["environment"]["SSR_MODEL"] in services["sglang"]["command"]
 
 
 def test_compose_services_are_wired() -> None:
@@ -545,6 +564,8 @@ def test_k8s_selectors_and_ports_line_up() -> None:
         for port in svc["spec"]["ports"]:
             assert port["targetPort"] in container_ports, svc["metadata"]["name"]
     for _, pdb in (x for x in k8s_objects() if x[1]["kind"] == "PodDisruptionBudget"):
+        budget = pdb["spec"].get("minAvailable", pdb["spec"].get("maxUnavailable"))
+        assert isinstance(budget, int) or re.fullmatch(r"\d+%", budget), pdb["metadata"]["name"]
         sel = pdb["spec"]["selector"]["matchLabels"].items()
         assert any(sel <= d["spec"]["template"]["metadata"]["labels"].items() for d in deployments.values())
     for name, dep in deployments.items():
@@ -579,6 +600,11 @@ def test_agent_probes_shutdown_and_security() -> None:
     assert sec["runAsNonRoot"] is True and sec["runAsUser"] != 0
     assert csec["allowPrivilegeEscalation"] is False and csec["capabilities"]["drop"] == ["ALL"]
     assert config["SSR_ENGINE"] == "sglang"
+    # with a read-only root filesystem, every place the agent writes is a mounted volume
+    assert csec["readOnlyRootFilesystem"] is True
+    mounts = [m["mountPath"] for m in c["volumeMounts"]]
+    for path in ("/tmp", config["HF_HOME"], config["SSR_CACHE_DIR"]):
+        assert any(path == m or path.startswith(m + "/") for m in mounts), path
 
 
 def test_sglang_worker_and_router() -> None:
@@ -620,6 +646,8 @@ def test_sglang_worker_and_router() -> None:
     url = find("ConfigMap", "ssr-config")["data"]["SSR_SGLANG_URL"]
     svc = find("Service", "sglang-router")
     assert url == f"http://{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"
+    # behind the router only SGLang's standard routes exist: score over plain /generate
+    assert find("ConfigMap", "ssr-config")["data"]["SSR_SGLANG_SCORING"] == "generate"
     assert svc["spec"]["ports"][0]["port"] == router_port
 
 

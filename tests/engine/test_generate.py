@@ -54,6 +54,20 @@ def greedy(n: int, **kw: Any) -> GenerationParams:
     return GenerationParams(max_new_tokens=n, **kw)
 
 
+def assert_cached_kv_exact(engine: TorchEngine, ctx: Context, candidates: list[list[int]]) -> None:
+    """``ctx`` is wholly in the engine's prefix cache, and its KV / last logits / next position are
+    exact: scoring on that entry equals the naive reference. (Greedy tokens alone hardly notice small
+    KV errors in the tiny model; log-probabilities do.) Call only while the engine is idle."""
+    runner = engine.runner
+    p = runner.prepare(ctx)
+    assert p.entry is not None, "expected the whole context in the prefix cache"
+    got = runner.score([(p.entry, candidates)])[0]
+    want = runner.naive_score(ctx, candidates)
+    worst = max(abs(a - b) for x, y in zip(got, want, strict=True)
+                for a, b in zip(x.token_logprobs, y.token_logprobs, strict=True))
+    assert worst <= 1e-4
+
+
 # ---------------------------------------------------------------- greedy correctness
 
 
@@ -80,6 +94,30 @@ async def test_greedy_after_scoring_reuses_candidate_kv(
     assert cold.token_ids == g.token_ids
     assert list(g.token_ids) == reference_greedy(lm, full, len(g.token_ids))
     assert g.finish_reason == ("length" if len(g.token_ids) == 10 else "eos")
+    # the finished sequence (all but the last sampled token) is cached with exact KV
+    assert_cached_kv_exact(fresh_engine, full.extend(g.token_ids[:-1]), candidates[:2])
+
+
+@pytest.mark.parametrize("which", ["text", "two_images"])
+@pytest.mark.parametrize("extra", ["", FORCED])
+def test_candidate_kv_reuse_is_exact(which: str, extra: str, tok: Any, runner: Any,
+                                     contexts: dict[str, Context], candidates: list[list[int]]) -> None:
+    """The KV kept for a scored candidate, reused under a longer context, equals recomputing it."""
+    ctx = contexts[which]
+    p = runner.prepare(ctx)
+    runner.prefill([p])
+    runner.score([(p.entry, candidates)])
+    chosen = candidates[2]
+    nxt = ctx.extend(chosen + tok.encode(extra, add_special_tokens=False))
+    q = runner.prepare(nxt, reuse_candidates=True)
+    assert q.reused == len(p.exp.ids) + len(chosen)
+    runner.prefill([q])
+    assert q.entry is not None
+    got = runner.score([(q.entry, candidates)])[0]
+    want = runner.naive_score(nxt, candidates)
+    worst = max(abs(a - b) for x, y in zip(got, want, strict=True)
+                for a, b in zip(x.token_logprobs, y.token_logprobs, strict=True))
+    assert worst <= 1e-4
 
 
 async def test_generation_continues_from_a_cached_generation(
@@ -206,6 +244,10 @@ async def test_concurrent_generations_are_batched(lm: LoadedModel, make_context:
         alone.scheduler.close()
     assert [g.token_ids for g in concurrent] == [g.token_ids for g in sequential]
     assert len({g.token_ids for g in concurrent}) > 1
+    # the KV decoded in shared forwards (several pasts side by side) is exact
+    probe = [[5, 6, 7], [40, 41]]
+    for c, g in list(zip(ctxs, concurrent, strict=True))[:3]:
+        assert_cached_kv_exact(together, c.extend(g.token_ids[:-1]), probe)
 
 
 async def test_cancelling_a_generation_stops_it(lm: LoadedModel, contexts: dict[str, Context]) -> None:

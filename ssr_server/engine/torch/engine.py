@@ -55,6 +55,8 @@ class TorchEngine:
         vocab = self.runner.vocab_size
         if any(t < 0 or t >= vocab for c in cands for t in c):
             raise InvalidRequest(f"candidate token ids must lie in [0, {vocab})")
+        if self.lm.image_token_id is not None and any(self.lm.image_token_id in c for c in cands):
+            raise InvalidRequest("candidates must not contain image placeholder tokens")
         result = await self._run(ScoreJob(context, candidates=cands))
         assert isinstance(result, list)
         return result

@@ -1,0 +1,146 @@
+"""Fixtures of the hardening tests: servers that expose their uvicorn.Server, long runs, metrics.
+
+Every server listens on 127.0.0.1 only and shares the session's tiny engine (no model load per server).
+A *long* run is a freeform run with a demo image: the image makes ``image_search`` succeed, so the run
+never stops early on the error limit and lasts ``max_turns`` turns of ``reasoning_budget`` tokens each
+(on 2 CPU cores: ~0.3 s per turn at a budget of 100 tokens).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import io
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from ssr_server.config import Settings
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class LiveServer:
+    url: str
+    server: Any  # uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self, join_s: float = 30.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(join_s)
+
+
+@pytest.fixture(scope="session")
+def serve(torch_engine: Any, demo_tools: Any) -> Callable[..., contextlib.AbstractContextManager[LiveServer]]:
+    """``with serve(Settings(...)) as live:`` a real uvicorn server in a thread, on 127.0.0.1."""
+
+    @contextlib.contextmanager
+    def _serve(settings: Settings | None = None, *, graceful_s: int = 15) -> Iterator[LiveServer]:
+        import uvicorn
+
+        from ssr_server.api.app import create_app
+
+        port = _free_port()
+        app = create_app(settings or Settings(), engine=torch_engine, tools=demo_tools)
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=graceful_s)
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True, name=f"hardening-uvicorn-{port}")
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError("server thread died during start-up")
+            if time.monotonic() > deadline:
+                raise TimeoutError("server did not start")
+            time.sleep(0.02)
+        live = LiveServer(f"http://127.0.0.1:{port}", server, thread)
+        try:
+            yield live
+        finally:
+            live.stop()
+            assert not thread.is_alive(), "the server did not stop within 30 s"
+
+    return _serve
+
+
+@pytest.fixture(scope="session")
+def demo_image_b64() -> str:
+    from ssr_server.demo.world import entities, render_image
+
+    buf = io.BytesIO()
+    render_image(entities()[0].id).save(buf, "PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="session")
+def long_run(demo_image_b64: str) -> Callable[..., dict[str, Any]]:
+    """The body of a long freeform run (see the module docstring)."""
+
+    def _body(reasoning_budget: int = 100, max_turns: int = 6, **extra: Any) -> dict[str, Any]:
+        return {"question": "What is the object in the image?", "images": [demo_image_b64],
+                "mode": "freeform", "reasoning_budget": reasoning_budget, "max_turns": max_turns, **extra}
+
+    return _body
+
+
+def metric(text: str, sample: str, **labels: str) -> float:
+    """Sum of the samples called ``sample`` whose labels include ``labels`` (0 when there is none)."""
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+@pytest.fixture(scope="session")
+def read_metric() -> Callable[..., float]:
+    """``read_metric(url, "ssr_runs_total", outcome="cancelled")``: one value from GET /metrics."""
+
+    def _read(url: str, sample: str, headers: dict[str, str] | None = None, **labels: str) -> float:
+        r = httpx.get(f"{url}/metrics", headers=headers, timeout=10)
+        assert r.status_code == 200, r.text
+        return metric(r.text, sample, **labels)
+
+    return _read
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout_s`` passes; the last verdict."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval_s)
+
+
+@pytest.fixture(scope="session")
+def poll() -> Callable[[Callable[[], bool], float], bool]:
+    return wait_until
+
+
+def engine_busy(engine: Any) -> int:
+    """Jobs the embedded engine's worker holds: queued ones plus active generations."""
+    sched = engine.scheduler
+    with sched._cv:
+        return len(sched._pending) + len(sched._active)
+
+
+@pytest.fixture(scope="session")
+def engine_load(torch_engine: Any) -> Callable[[], int]:
+    return lambda: engine_busy(torch_engine)

@@ -1,0 +1,147 @@
+"""Overload: twice the admitted capacity at once; every request is either served or refused with
+Retry-After, none is lost, and the server still answers. Plus the per-run deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from typing import Any
+
+import httpx
+import pytest
+
+from ssr_server.config import Settings
+
+OUTCOMES = {"answered", "max_turns", "error", "timeout"}
+RUNNING, QUEUED = 2, 2
+SENT = 2 * (RUNNING + QUEUED)  # twice what can be admitted at once
+
+
+def _sse_events(text: str) -> list[tuple[str, str]]:
+    events = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        name, data = "message", []
+        for line in block.split("\n"):
+            if line.startswith("event:"):
+                name = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].lstrip())
+        if data:
+            events.append((name, "\n".join(data)))
+    return events
+
+
+def _fate(r: httpx.Response) -> str:
+    """'completed' (200 with an explicit outcome) or 'refused' (429 with Retry-After); else fail."""
+    if r.status_code == 429:
+        retry_after = r.headers.get("retry-after")
+        assert retry_after is not None and retry_after.isdigit() and int(retry_after) >= 1, r.headers
+        assert r.json()["error"]["code"] == "overloaded"
+        return "refused"
+    assert r.status_code == 200, (r.status_code, r.text[:500])
+    if r.headers["content-type"].startswith("text/event-stream"):
+        events = _sse_events(r.text)
+        assert events and events[-1][0] == "run", events[-1:]
+        run = json.loads(events[-1][1])
+        assert sum(1 for name, _ in events if name == "turn") == len(run["turns"])
+    else:
+        run = r.json()
+    assert run["outcome"] in OUTCOMES, run["outcome"]
+    assert run["turns"], run
+    return "completed"
+
+
+async def test_twice_the_capacity_is_served_or_refused_none_lost(serve: Any, long_run: Any,
+                                                                  read_metric: Any) -> None:
+    settings = Settings(max_concurrent_runs=RUNNING, max_queued_runs=QUEUED, run_deadline_s=60)
+    with serve(settings) as live:
+        overloaded_before = read_metric(live.url, "ssr_requests_rejected_total", reason="overloaded")
+        # 3 turns of 80 tokens: long enough that all requests arrive while the first ones run.
+        bodies = [long_run(reasoning_budget=80, max_turns=3, stream=(i % 4 == 3)) for i in range(SENT)]
+        limits = httpx.Limits(max_connections=SENT + 2)
+        async with httpx.AsyncClient(base_url=live.url, timeout=120, limits=limits) as client:
+            peak = {"running": 0, "queued": 0}
+            stop = asyncio.Event()
+
+            async def watch() -> None:
+                while not stop.is_set():
+                    body = (await client.get("/ready")).json()
+                    peak["running"] = max(peak["running"], body["runs_in_flight"])
+                    peak["queued"] = max(peak["queued"], body["runs_queued"])
+                    await asyncio.sleep(0.02)
+
+            watcher = asyncio.create_task(watch())
+            async with asyncio.timeout(90):
+                responses = await asyncio.gather(*(client.post("/v1/agent/runs", json=b) for b in bodies),
+                                                 return_exceptions=True)
+            stop.set()
+            await watcher
+            errors = [r for r in responses if isinstance(r, BaseException)]
+            assert not errors, errors  # none lost: every request got an HTTP answer
+            fates = Counter(_fate(r) for r in responses if isinstance(r, httpx.Response))
+            assert fates["completed"] + fates["refused"] == SENT, fates
+            assert fates["refused"] >= 1, fates
+            assert fates["completed"] >= RUNNING, fates
+            # admission never ran more than allowed nor queued more than allowed
+            assert peak["running"] <= RUNNING and peak["queued"] <= QUEUED, peak
+            overloaded = read_metric(live.url, "ssr_requests_rejected_total", reason="overloaded")
+            assert overloaded - overloaded_before == fates["refused"]
+
+            # nothing leaked: no slot held, nothing queued, and a new run is admitted and served
+            ready = (await client.get("/ready")).json()
+            assert ready["runs_in_flight"] == 0 and ready["runs_queued"] == 0, ready
+            r = await client.post("/v1/agent/runs", json=long_run(reasoning_budget=10, max_turns=1))
+            assert _fate(r) == "completed"
+            r = await client.post("/v1/ssr/select", json={"messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200, r.text
+
+
+async def test_queue_of_zero_refuses_at_once(serve: Any, long_run: Any) -> None:
+    """max_queued_runs=0: only what can run is admitted; the rest is refused without waiting."""
+    with serve(Settings(max_concurrent_runs=1, max_queued_runs=0)) as live:
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+            first = asyncio.create_task(client.post("/v1/agent/runs", json=long_run(max_turns=4)))
+            for _ in range(200):  # wait (bounded) until the first run holds the slot
+                if (await client.get("/ready")).json()["runs_in_flight"] == 1:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                pytest.fail("the first run was never admitted")
+            refused = await client.post("/v1/agent/runs", json=long_run(max_turns=1))
+            assert _fate(refused) == "refused"
+            select = await client.post("/v1/ssr/select", json={"messages": [{"role": "user", "content": "x"}]})
+            assert select.status_code == 429 and select.headers.get("retry-after"), select.text
+            assert _fate(await first) == "completed"
+            assert _fate(await client.post("/v1/agent/runs", json=long_run(max_turns=1))) == "completed"
+
+
+async def test_run_deadline_ends_with_timeout_and_partial_turns(serve: Any, long_run: Any,
+                                                               engine_load: Any, poll: Any) -> None:
+    body = long_run(reasoning_budget=100, max_turns=12)
+    # The deadline is sized from this machine's own speed (CI cores are shared and noisy): about
+    # 2.5 turns' worth, so the run is cut after a turn or two and long before its 12 turns.
+    with serve(Settings()) as live:
+        r = httpx.post(f"{live.url}/v1/agent/runs", json={**body, "max_turns": 2}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["turns"]) == 2, r.text
+        deadline = max(0.3, 1.25 * r.json()["timings"]["total_s"])
+    with serve(Settings(run_deadline_s=deadline)) as live:
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+            r = await client.post("/v1/agent/runs", json=body)
+            assert r.status_code == 200, r.text
+            run = r.json()
+            assert run["outcome"] == "timeout", (run["outcome"], deadline, [t["turn_s"] for t in run["turns"]])
+            assert "deadline" in (run["error"] or "")
+            assert 1 <= len(run["turns"]) < 12, len(run["turns"])
+            assert run["timings"]["total_s"] < deadline + 1.0
+            # the same through the stream: turn events, then the run with outcome timeout
+            r = await client.post("/v1/agent/runs", json={**body, "stream": True})
+            assert r.status_code == 200
+            events = _sse_events(r.text)
+            assert events[-1][0] == "run", events[-1:]
+            run = json.loads(events[-1][1])
+            assert run["outcome"] == "timeout" and len(run["turns"]) < 12
+            # the cut-off generation does not linger in the engine; the slot is free again
+            assert await asyncio.to_thread(poll, lambda: engine_load() == 0, 5.0)
+            ready = (await client.get("/ready")).json()
+            assert ready["runs_in_flight"] == 0 and ready["ready"], ready

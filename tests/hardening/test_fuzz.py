@@ -1,0 +1,77 @@
+"""Schema fuzzing with schemathesis: whatever a client sends, the server never answers 5xx, and every
+error has the one JSON shape ``{"error": {"code", "message"}}``.
+
+The server under test is a real uvicorn server on 127.0.0.1 with small limits so that a valid run
+stays short (``max_turns=2``, a 2 s deadline). Image URLs are refused before any name resolution, so
+fuzzing never reaches beyond the loopback interface.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+
+from ssr_server.config import Settings
+from ssr_server.errors import InvalidImage
+
+
+@pytest.fixture(scope="module")
+def fuzz_url(serve: Any) -> Iterator[str]:
+    async def no_dns(host: str, port: int, limits: Any) -> str:
+        raise InvalidImage(f"image URL host {host!r} refused (fuzzing: no network)")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("ssr_server.api.images._resolve", no_dns)
+        config = Settings(max_turns=2, run_deadline_s=2.0, max_concurrent_runs=4, max_queued_runs=16,
+                          drain_timeout_s=5)
+        with serve(config) as live:
+            yield live.url
+
+
+def _openapi() -> dict[str, Any]:
+    """The app's own OpenAPI document (building the app loads no model; only its lifespan would)."""
+    from ssr_server.api.app import create_app
+
+    return create_app(Settings()).openapi()
+
+
+# Loaded eagerly: schemathesis' lazy ``from_fixture`` breaks on pytest 9 (no ``Node._nodeid``).
+schema = schemathesis.openapi.from_dict(_openapi())
+
+
+def _sse_errors(text: str) -> list[dict[str, Any]]:
+    found = []
+    for block in text.replace("\r\n", "\n").split("\n\n"):
+        lines = block.split("\n")
+        if any(ln.strip() == "event: error" for ln in lines):
+            data = "\n".join(ln[5:].lstrip() for ln in lines if ln.startswith("data:"))
+            found.append(json.loads(data))
+    return found
+
+
+def _header(response: Any, name: str) -> str:
+    for key, values in response.headers.items():  # schemathesis: name -> list of values
+        if key.lower() == name:
+            return str(values[0] if isinstance(values, list) else values)
+    return ""
+
+
+@schema.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_no_server_errors(case: Any, fuzz_url: str) -> None:
+    response = case.call(base_url=fuzz_url, timeout=30)
+    where = f"{case.operation.label}\n{case.as_curl_command()}\n-> {response.status_code} {response.text[:500]}"
+    assert response.status_code < 500, where
+    ctype = _header(response, "content-type")
+    if response.status_code >= 400:
+        assert ctype.startswith("application/json"), where
+        err = response.json().get("error")
+        assert isinstance(err, dict) and err.get("code") and err.get("message"), where
+    elif ctype.startswith("text/event-stream"):
+        bad = [e for e in _sse_errors(response.text) if e.get("status", 500) >= 500]
+        assert not bad, where
