@@ -181,7 +181,7 @@ def run_serve_bench(
                         run_deadline_s=timeout_s)
     model_path = resolve_model(settings)
     t0 = time.perf_counter()
-    engine = build_engine(settings.model_copy(update={"model": model_path}))
+    engine = build_engine(settings)
     load_s = time.perf_counter() - t0
     tools = build_tools(settings)
     mix = {"ssr": 1.0}

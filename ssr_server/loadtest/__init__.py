@@ -60,8 +60,11 @@ def run_loadtest(
 ) -> tuple[dict[str, Any], LoadResult]:
     """Run the load (synchronously), write the report files when ``out_dir`` is set, return both.
 
-    ``summary["json_path"]`` and ``summary["png_path"]`` name the files written.
+    Neither ``rate`` nor ``concurrency`` given: a closed loop of 4 clients. ``summary["json_path"]``
+    and ``summary["png_path"]`` name the files written.
     """
+    if rate is None and concurrency is None:
+        concurrency = 4
     mix = parse_mix(modes) if isinstance(modes, str) else dict(modes)
     result = asyncio.run(run_load(
         target, rate=rate, concurrency=concurrency, requests=requests, duration_s=duration_s, modes=mix,

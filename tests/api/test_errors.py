@@ -135,15 +135,20 @@ def test_refusals(client: httpx.Client, error_shape: ErrorShape, method: str, pa
 
 
 @pytest.mark.parametrize("content", [
-    "x" * 4001,  # string content
-    [{"type": "text", "text": "x" * 4001}],  # a text part
-    [{"type": "text", "text": "x" * 2001}, {"type": "text", "text": "y" * 2001}],  # parts add up
+    "x" * 1000,  # string content
+    [{"type": "text", "text": "x" * 1000}],  # a text part
+    [{"type": "text", "text": "x" * 500}, {"type": "text", "text": "y" * 501}],  # parts add up
 ])
-def test_select_bounds_the_message_text(client: httpx.Client, error_shape: ErrorShape, content: Any) -> None:
-    """The runs endpoint refuses a question over max_question_chars (4000) with 413; /v1/ssr/select must
-    bound its messages' text too, or any body under max_body_bytes (20 MB) becomes one huge prefill."""
-    r = client.post(SELECT, json={"messages": [{"role": "user", "content": content}]})
-    error_shape(r, 413, "payload_too_large")
+def test_select_bounds_the_message_text(small_server: str, error_shape: ErrorShape, content: Any) -> None:
+    """Runs refuse a question over max_question_chars (100 on this server) with 413; /v1/ssr/select
+    must bound its messages' text too (here 10x over), or any body under max_body_bytes becomes one
+    huge prefill."""
+    with httpx.Client(base_url=small_server, timeout=60) as c:
+        assert c.post(RUNS, json={"question": "x" * 101, "max_turns": 1}).status_code == 413
+        r = c.post(SELECT, json={"messages": [{"role": "user", "content": content}]})
+        error_shape(r, 413, "payload_too_large")
+        ok = c.post(SELECT, json={"messages": [{"role": "user", "content": "What is it?"}]})
+        assert ok.status_code == 200, ok.text
 
 
 @pytest.mark.parametrize(("path", "raw"), [
@@ -209,7 +214,8 @@ def test_pixel_limit_and_decompression_bombs(client: httpx.Client, error_shape: 
 # ---- servers with small limits -------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def small_server(serve: Callable[..., Any]) -> Iterator[str]:
-    settings = Settings(max_body_bytes=16 * 1024, max_image_pixels=5000, max_image_bytes=4096, max_turns=2)
+    settings = Settings(max_body_bytes=16 * 1024, max_image_pixels=5000, max_image_bytes=4096, max_turns=2,
+                        max_question_chars=100)
     with serve(settings) as url:
         yield url
 

@@ -16,6 +16,7 @@ from ssr_server.config import Settings
 OUTCOMES = {"answered", "max_turns", "error", "timeout"}
 RUNNING, QUEUED = 2, 2
 SENT = 2 * (RUNNING + QUEUED)  # twice what can be admitted at once
+SELECT = {"messages": [{"role": "user", "content": "What is in the image?"}]}
 
 
 def _sse_events(text: str) -> list[tuple[str, str]]:
@@ -93,7 +94,7 @@ async def test_twice_the_capacity_is_served_or_refused_none_lost(serve: Any, lon
             assert ready["runs_in_flight"] == 0 and ready["runs_queued"] == 0, ready
             r = await client.post("/v1/agent/runs", json=long_run(reasoning_budget=10, max_turns=1))
             assert _fate(r) == "completed"
-            r = await client.post("/v1/ssr/select", json={"messages": [{"role": "user", "content": "hi"}]})
+            r = await client.post("/v1/ssr/select", json=SELECT)
             assert r.status_code == 200, r.text
 
 
@@ -110,7 +111,7 @@ async def test_queue_of_zero_refuses_at_once(serve: Any, long_run: Any) -> None:
                 pytest.fail("the first run was never admitted")
             refused = await client.post("/v1/agent/runs", json=long_run(max_turns=1))
             assert _fate(refused) == "refused"
-            select = await client.post("/v1/ssr/select", json={"messages": [{"role": "user", "content": "x"}]})
+            select = await client.post("/v1/ssr/select", json=SELECT)
             assert select.status_code == 429 and select.headers.get("retry-after"), select.text
             assert _fate(await first) == "completed"
             assert _fate(await client.post("/v1/agent/runs", json=long_run(max_turns=1))) == "completed"
@@ -122,7 +123,8 @@ async def test_run_deadline_ends_with_timeout_and_partial_turns(serve: Any, long
     # The deadline is sized from this machine's own speed (CI cores are shared and noisy): about
     # 2.5 turns' worth, so the run is cut after a turn or two and long before its 12 turns.
     with serve(Settings()) as live:
-        r = httpx.post(f"{live.url}/v1/agent/runs", json={**body, "max_turns": 2}, timeout=60)
+        async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+            r = await client.post("/v1/agent/runs", json={**body, "max_turns": 2})
         assert r.status_code == 200 and len(r.json()["turns"]) == 2, r.text
         deadline = max(0.3, 1.25 * r.json()["timings"]["total_s"])
     with serve(Settings(run_deadline_s=deadline)) as live:
@@ -130,7 +132,8 @@ async def test_run_deadline_ends_with_timeout_and_partial_turns(serve: Any, long
             r = await client.post("/v1/agent/runs", json=body)
             assert r.status_code == 200, r.text
             run = r.json()
-            assert run["outcome"] == "timeout", (run["outcome"], deadline, [t["turn_s"] for t in run["turns"]])
+            turn_s = [t["turn_s"] for t in run["turns"]]
+            assert run["outcome"] == "timeout", (run["outcome"], deadline, turn_s)
             assert "deadline" in (run["error"] or "")
             assert 1 <= len(run["turns"]) < 12, len(run["turns"])
             assert run["timings"]["total_s"] < deadline + 1.0

@@ -41,7 +41,8 @@ def _cancelled(read_metric: Any, url: str) -> float:
     return float(read_metric(url, "ssr_runs_total", mode="freeform", outcome="cancelled"))
 
 
-async def _in_flight(client: httpx.AsyncClient, engine_load: Callable[[], int], timeout_s: float = 20) -> None:
+async def _in_flight(client: httpx.AsyncClient, engine_load: Callable[[], int], timeout_s: float = 20,
+                     ) -> None:
     async with asyncio.timeout(timeout_s):
         while True:
             ready = (await client.get("/ready")).json()
@@ -58,7 +59,7 @@ async def _assert_still_serving(url: str) -> None:
 
 
 async def test_client_timeout_cancels_the_run(live: Any, long_run: Any, read_metric: Any, poll: Any,
-                                              engine_load: Callable[[], int], settled: Callable[[], bool]) -> None:
+                                              settled: Callable[[], bool]) -> None:
     cancelled = _cancelled(read_metric, live.url)
     gone = read_metric(live.url, "ssr_requests_rejected_total", reason="client_disconnected")
     timeout = httpx.Timeout(1.5, connect=10)
@@ -95,17 +96,17 @@ async def test_sse_stream_closed_after_first_event_cancels_the_run(live: Any, lo
                                                                    settled: Callable[[], bool]) -> None:
     cancelled = _cancelled(read_metric, live.url)
     body = long_run(reasoning_budget=100, max_turns=12, stream=True)  # ~0.3 s per turn event
-    async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
-        async with client.stream("POST", "/v1/agent/runs", json=body) as r:
-            assert r.status_code == 200
-            assert r.headers["content-type"].startswith("text/event-stream")
-            seen: list[str] = []
-            async with asyncio.timeout(30):
-                async for line in r.aiter_lines():
-                    seen.append(line)
-                    if line.startswith("data:") and any(s.strip() == "event: turn" for s in seen):
-                        break  # the first turn event is in: hang up
-            assert "event: run" not in seen
+    seen: list[str] = []
+    async with httpx.AsyncClient(base_url=live.url, timeout=60) as client, \
+            client.stream("POST", "/v1/agent/runs", json=body) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        async with asyncio.timeout(30):
+            async for line in r.aiter_lines():
+                seen.append(line)
+                if line.startswith("data:") and any(s.strip() == "event: turn" for s in seen):
+                    break  # the first turn event is in: hang up
+    assert "event: run" not in seen
     assert await asyncio.to_thread(poll, settled, DRAIN_S), "the streamed run was not cancelled"
     assert _cancelled(read_metric, live.url) == cancelled + 1
     await _assert_still_serving(live.url)
@@ -121,7 +122,9 @@ async def test_client_gone_while_queued_frees_its_place(live: Any, long_run: Any
         await _in_flight(client, engine_load)
         queued = asyncio.create_task(client.post("/v1/agent/runs", json=long_run(**LONG)))
         async with asyncio.timeout(20):
-            while (await client.get("/ready")).json()["runs_queued"] != 1:
+            while True:
+                if (await client.get("/ready")).json()["runs_queued"] == 1:
+                    break
                 await asyncio.sleep(0.02)
         queued.cancel()
         with pytest.raises(asyncio.CancelledError):

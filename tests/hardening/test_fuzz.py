@@ -33,11 +33,31 @@ def fuzz_url(serve: Any) -> Iterator[str]:
             yield live.url
 
 
+def _array(prop: dict[str, Any]) -> dict[str, Any]:
+    """The array branch of ``list[...] | None`` (``anyOf``) or the property itself."""
+    return next((b for b in prop.get("anyOf", []) if b.get("type") == "array"), prop)
+
+
 def _openapi() -> dict[str, Any]:
-    """The app's own OpenAPI document (building the app loads no model; only its lifespan would)."""
+    """The app's own OpenAPI document (building the app loads no model; only its lifespan would),
+    narrowed to what the fuzz server admits so that valid runs really run, and run briefly: without
+    this nearly every generated run is refused up front (``max_turns`` over the server's limit, an
+    empty ``candidates`` list) and the agent loop is never reached."""
     from ssr_server.api.app import create_app
 
-    return create_app(Settings()).openapi()
+    doc = create_app(Settings()).openapi()
+    schemas = doc["components"]["schemas"]
+    run = schemas["RunRequest"]["properties"]
+    run["max_turns"]["maximum"] = 2
+    schemas["RunRequest"]["required"].append("max_turns")  # see test_omitted_max_turns_*
+    run["reasoning_budget"]["maximum"] = 32
+    run["images"]["maxItems"] = 1
+    for props in (run, schemas["SelectRequest"]["properties"]):
+        cands = _array(props["candidates"])
+        cands.update(minItems=1, maxItems=4)
+        cands["items"].update(minLength=1, maxLength=400)
+    schemas["SelectRequest"]["properties"]["messages"]["maxItems"] = 8
+    return doc
 
 
 # Loaded eagerly: schemathesis' lazy ``from_fixture`` breaks on pytest 9 (no ``Node._nodeid``).
@@ -65,7 +85,8 @@ def _header(response: Any, name: str) -> str:
 @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_no_server_errors(case: Any, fuzz_url: str) -> None:
     response = case.call(base_url=fuzz_url, timeout=30)
-    where = f"{case.operation.label}\n{case.as_curl_command()}\n-> {response.status_code} {response.text[:500]}"
+    where = (f"{case.operation.label}\n{case.as_curl_command()}\n"
+             f"-> {response.status_code} {response.text[:500]}")
     assert response.status_code < 500, where
     ctype = _header(response, "content-type")
     if response.status_code >= 400:
@@ -75,3 +96,13 @@ def test_no_server_errors(case: Any, fuzz_url: str) -> None:
     elif ctype.startswith("text/event-stream"):
         bad = [e for e in _sse_errors(response.text) if e.get("status", 500) >= 500]
         assert not bad, where
+
+
+def test_omitted_max_turns_fits_a_lower_server_limit(fuzz_url: str) -> None:
+    """A server configured with max_turns=2 must still serve a request that does not mention
+    max_turns (the request default is 6): the client asked for nothing over the limit."""
+    import httpx
+
+    r = httpx.post(f"{fuzz_url}/v1/agent/runs", json={"question": "What is this?"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert 1 <= len(r.json()["turns"]) <= 2
