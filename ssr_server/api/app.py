@@ -67,31 +67,39 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
             await self._reject(scope, receive, send)
             return
-        seen = 0
+        seen, rejected, started = 0, False, False
 
         async def limited() -> Any:
-            nonlocal seen
+            # Over the limit: answer 413 here and tell the app the client left, so that whatever
+            # the app does with the cut body (FastAPI answers 400) is never sent.
+            nonlocal seen, rejected
+            if rejected:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 body = message.get("body", b"")
                 seen += len(body) if isinstance(body, bytes | bytearray) else 0
                 if seen > self.max_bytes:
-                    raise _TooLarge
+                    rejected = True
+                    if not started:
+                        await self._reject(scope, receive, send)
+                    return {"type": "http.disconnect"}
             return message
 
-        try:
-            await self.app(scope, limited, send)  # type: ignore[arg-type]
-        except _TooLarge:
-            await self._reject(scope, receive, send)
+        async def guarded_send(message: Any) -> None:
+            nonlocal started
+            if rejected:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, limited, guarded_send)
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         metrics.REQUESTS_REJECTED.labels(reason="body_too_large").inc()
         resp = error_response(413, "payload_too_large", f"request body is over {self.max_bytes} bytes")
         await resp(scope, receive, send)
-
-
-class _TooLarge(Exception):
-    pass
 
 
 class ApiKeyAuth:

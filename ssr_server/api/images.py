@@ -17,7 +17,6 @@ import io
 import ipaddress
 import re
 import socket
-import warnings
 from dataclasses import dataclass
 from urllib.parse import urljoin, urlsplit
 
@@ -45,20 +44,21 @@ def decode_image_bytes(data: bytes, limits: ImageLimits) -> ImageRef:
     """Open, check and decode: formats, pixel count and Pillow's decompression-bomb guard -> 4xx."""
     if len(data) > limits.max_bytes:
         raise PayloadTooLarge(f"image is {len(data)} bytes; the limit is {limits.max_bytes}")
+    # The pixel check runs on the header, before any decoding; an explicit bound rather than Pillow's
+    # DecompressionBombWarning, whose warnings filter is process-wide and not thread-safe.
+    max_pixels = min(limits.max_pixels, Image.MAX_IMAGE_PIXELS or limits.max_pixels)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            img = Image.open(io.BytesIO(data))
-            if img.format not in ALLOWED_FORMATS:
-                raise InvalidImage(f"image format {img.format} is not accepted; use one of "
-                                   f"{sorted(ALLOWED_FORMATS)}")
-            w, h = img.size
-            if w * h > limits.max_pixels:
-                raise PayloadTooLarge(f"image is {w}x{h} pixels; the limit is {limits.max_pixels} pixels")
-            if min(w, h) < 1 or max(w, h) / min(w, h) > 100:
-                raise InvalidImage(f"image aspect ratio {w}x{h} is too extreme (at most 100:1)")
-            img.load()
-            rgb = img.convert("RGB")
+        img = Image.open(io.BytesIO(data))
+        if img.format not in ALLOWED_FORMATS:
+            raise InvalidImage(f"image format {img.format} is not accepted; use one of "
+                               f"{sorted(ALLOWED_FORMATS)}")
+        w, h = img.size
+        if w * h > max_pixels:
+            raise PayloadTooLarge(f"image is {w}x{h} pixels; the limit is {max_pixels} pixels")
+        if min(w, h) < 1 or max(w, h) / min(w, h) > 100:
+            raise InvalidImage(f"image aspect ratio {w}x{h} is too extreme (at most 100:1)")
+        img.load()
+        rgb = img.convert("RGB")
     except (InvalidImage, PayloadTooLarge):
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
@@ -90,6 +90,8 @@ async def load_image(spec: str, limits: ImageLimits, client: httpx.AsyncClient |
 
 
 def _check_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, host: str) -> None:
+    if isinstance(ip, ipaddress.IPv6Address) and ip.sixtofour is not None:
+        _check_address(ip.sixtofour, host)  # 2002::/16 embeds an IPv4 address a relay would reach
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
     bad = (ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_reserved or ip.is_multicast

@@ -125,10 +125,11 @@ def _response(run: Run) -> RunResponse:
 @router.post("/v1/agent/runs", tags=["agent"], response_model=RunResponse, responses=_ERRORS)
 async def create_run(body: RunRequest, request: Request) -> Any:
     st = _state(request)
-    _check_limits(st, body.question, body.images, body.candidates, body.max_turns)
+    max_turns = body.max_turns if body.max_turns is not None else min(6, st.settings.max_turns)
+    _check_limits(st, body.question, body.images, body.candidates, max_turns)
     options = RunOptions(
         mode=body.mode, library=body.library or st.settings.default_library,
-        candidates=tuple(body.candidates or ()), tau=body.tau, alpha=body.alpha, max_turns=body.max_turns,
+        candidates=tuple(body.candidates or ()), tau=body.tau, alpha=body.alpha, max_turns=max_turns,
         seed=body.seed, label_only=body.label_only, reasoning_budget=body.reasoning_budget,
         tool_timeout_s=st.settings.tool_timeout_s)
     options.validate()
@@ -194,8 +195,10 @@ async def _events(task: asyncio.Task[Run], queue: asyncio.Queue[Turn]) -> AsyncI
 async def _render_messages(st: AppState, body: SelectRequest) -> Context:
     messages: list[dict[str, Any]] = []
     specs: list[str] = []
+    texts: list[str] = []
     for m in body.messages:
         if isinstance(m.content, str):
+            texts.append(m.content)
             messages.append({"role": m.role, "content": sanitize(m.content)})
             continue
         parts: list[dict[str, str]] = []
@@ -206,10 +209,10 @@ async def _render_messages(st: AppState, body: SelectRequest) -> Context:
                 specs.append(p.image)
                 parts.append({"type": "image"})
             else:
+                texts.append(p.text or "")
                 parts.append({"type": "text", "text": sanitize(p.text or "")})
         messages.append({"role": m.role, "content": parts})
-    question = " ".join(str(m.get("content")) for m in messages if isinstance(m.get("content"), str))
-    _check_limits(st, question[: st.settings.max_question_chars], specs, body.candidates)
+    _check_limits(st, "\n".join(texts), specs, body.candidates)
     images = await _images(st, specs)
     tok = st.engine.tokenizer
     text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + THINK_OPEN

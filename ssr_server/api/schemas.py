@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+
+def _encodable(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (no lone surrogates)") from None
+    return value
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
 
 
 class _Strict(BaseModel):
@@ -12,16 +23,16 @@ class _Strict(BaseModel):
 
 
 class RunRequest(_Strict):
-    question: str = Field(..., min_length=1, description="the question about the images")
+    question: Text = Field(..., min_length=1, description="the question about the images")
     images: list[str] = Field(default_factory=list,
                               description="base64, data: URL or http(s) URL, one per image")
     mode: Literal["ssr", "freeform"] = "ssr"
     library: str | None = Field(None, description="rationale library name (default: the server's)")
-    candidates: list[str] | None = Field(None, description="explicit rationale texts instead of a library")
+    candidates: list[Text] | None = Field(None, description="explicit rationale texts instead of a library")
     label_only: bool = False
     tau: float = Field(0.0, ge=0.0, le=100.0)
     alpha: float = Field(1.0, ge=0.0, le=10.0)
-    max_turns: int = Field(6, ge=1, le=32)
+    max_turns: int | None = Field(None, ge=1, le=32)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     reasoning_budget: int = Field(256, ge=1, le=2048)
     stream: bool = False
@@ -78,19 +89,19 @@ class RunResponse(BaseModel):
 
 class ContentPart(_Strict):
     type: Literal["text", "image"]
-    text: str | None = None
+    text: Text | None = None
     image: str | None = Field(None, description="base64, data: URL or http(s) URL")
 
 
 class Message(_Strict):
     role: Literal["system", "user", "assistant"]
-    content: str | list[ContentPart]
+    content: Text | list[ContentPart]
 
 
 class SelectRequest(_Strict):
     messages: list[Message] = Field(..., min_length=1)
     library: str | None = None
-    candidates: list[str] | None = None
+    candidates: list[Text] | None = None
     label_only: bool = False
     tau: float = Field(0.0, ge=0.0, le=100.0)
     alpha: float = Field(1.0, ge=0.0, le=10.0)

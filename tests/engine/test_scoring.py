@@ -7,7 +7,9 @@ a longer context), batching two contexts into one forward, and random candidate 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -261,3 +263,23 @@ async def test_image_count_mismatch(case: str, engine: TorchEngine, contexts: di
 async def test_empty_context_is_invalid(engine: TorchEngine, candidates: list[list[int]]) -> None:
     with pytest.raises(InvalidRequest):
         await engine.score(Context(()), candidates)
+
+
+# ---------------------------------------------------------------- the scoring bench (smoke)
+
+
+def test_scoring_bench_smoke(tiny_dir: Path, tmp_path: Path) -> None:
+    from ssr_server.bench.scoring import format_table, run_scoring_bench
+
+    out = tmp_path / "bench.json"
+    r = run_scoring_bench(str(tiny_dir), None, "fp32", 1, str(out), threads=1, freeform_tokens=8,
+                          context_tokens=200)
+    assert json.loads(out.read_text())["packed_ms"] == r["packed_ms"]
+    assert r["context_tokens"] >= 200 and r["context_images"] == 1
+    assert r["candidate_tokens"] and all(n > 0 for n in r["candidate_tokens"])
+    assert r["freeform_tokens"] == 8 and r["max_abs_diff"] <= TOL
+    assert all(r[k] > 0 for k in ("naive_ms", "packed_ms", "packed_cached_ms", "freeform_ms"))
+    table = format_table(r)
+    assert "packed/naive" in table and "PASS" in table
+    with pytest.raises(NotImplementedError):
+        run_scoring_bench(None, None, "fp32", 1, None, engine="sglang")

@@ -1,0 +1,108 @@
+"""The SGLang engine client against a real SGLang server: same scores and tokens as the embedded engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ssr_server.agent.prompt import PromptBuilder
+from ssr_server.demo.world import entities, render_image
+from ssr_server.engine.base import Context, GenerationParams, ImageRef
+from ssr_server.engine.sglang.client import SGLangEngine
+from ssr_server.engine.torch.engine import TorchEngine
+from ssr_server.errors import InvalidRequest
+
+pytestmark = pytest.mark.sglang
+CANDIDATES = ["I cannot tell what this is, so I search with the image.\n", "Zoom in.\n", "x\n"]
+
+
+@pytest.fixture(scope="module")
+def embedded(tiny_model_dir: Path) -> Iterator[TorchEngine]:
+    engine = TorchEngine(str(tiny_model_dir))
+    yield engine
+    asyncio.run(engine.close())
+
+
+def _contexts(tok: Any) -> list[Context]:
+    pb = PromptBuilder(tok)
+    img = ImageRef.from_pil(render_image(entities()[1].id))
+    return [pb.start("What is this?", []), pb.start("What is this landmark?", [img])]
+
+
+def _max_diff(a: list[Any], b: list[Any]) -> float:
+    return max(abs(x - y) for u, v in zip(a, b, strict=True)
+               for x, y in zip(u.token_logprobs, v.token_logprobs, strict=True))
+
+
+@pytest.mark.parametrize("scoring", ["route", "generate"])
+async def test_scores_equal_embedded_engine(sglang_url: str, tiny_model_dir: Path, embedded: TorchEngine,
+                                            scoring: str) -> None:
+    client = SGLangEngine(sglang_url, model=str(tiny_model_dir), scoring=scoring)
+    try:
+        for ctx in _contexts(embedded.tokenizer):
+            cands = [embedded.tokenizer.encode(t) for t in CANDIDATES]
+            remote = await client.score(ctx, cands)
+            local = await embedded.score(ctx, cands)
+            assert [s.num_tokens for s in remote] == [len(c) for c in cands]
+            assert _max_diff(remote, local) < 1e-4
+            # every row was scored on the cached context (the expanded length, images included)
+            assert remote[0].context_tokens == local[0].context_tokens
+            assert all(s.cached_tokens >= remote[0].context_tokens - 1 for s in remote)
+        assert client.calls["route" if scoring == "route" else "generate"] > 0
+        if scoring == "generate":
+            assert client.calls["route"] == 0
+    finally:
+        await client.close()
+
+
+async def test_auto_uses_the_route_and_two_step_matches_it(sglang_url: str, tiny_model_dir: Path,
+                                                           embedded: TorchEngine) -> None:
+    auto = SGLangEngine(sglang_url, model=str(tiny_model_dir), scoring="auto")
+    two = SGLangEngine(sglang_url, model=str(tiny_model_dir), scoring="generate")
+    try:
+        ctx = _contexts(embedded.tokenizer)[1]
+        cands = [embedded.tokenizer.encode(t) for t in CANDIDATES]
+        a, b = await auto.score(ctx, cands), await two.score(ctx, cands)
+        assert auto.calls["route"] == 1 and auto.scoring == "auto"
+        assert _max_diff(a, b) < 1e-5
+    finally:
+        await auto.close()
+        await two.close()
+
+
+async def test_generate_matches_embedded_greedy_and_stops(sglang_url: str, tiny_model_dir: Path,
+                                                          embedded: TorchEngine) -> None:
+    client = SGLangEngine(sglang_url, model=str(tiny_model_dir))
+    try:
+        for ctx in _contexts(embedded.tokenizer):
+            params = GenerationParams(max_new_tokens=12)
+            remote = await client.generate(ctx, params)
+            local = await embedded.generate(ctx, params)
+            assert remote.token_ids == local.token_ids
+            assert remote.finish_reason == local.finish_reason == "length"
+            stop = local.text[4:8]
+            assert stop
+            params = GenerationParams(max_new_tokens=12, stop=(stop,))
+            remote = await client.generate(ctx, params)
+            local = await embedded.generate(ctx, params)
+            assert remote.finish_reason == "stop" and remote.stop_text == stop
+            assert remote.text == local.text and stop not in remote.text
+    finally:
+        await client.close()
+
+
+async def test_bad_candidates_are_invalid_requests(sglang_url: str, tiny_model_dir: Path) -> None:
+    client = SGLangEngine(sglang_url, model=str(tiny_model_dir))
+    try:
+        ctx = Context(tuple(client.tokenizer.encode("hello")))
+        with pytest.raises(InvalidRequest):
+            await client.score(ctx, [])
+        with pytest.raises(InvalidRequest):
+            await client.score(ctx, [[10**9]])
+        assert await client.ready()
+    finally:
+        await client.close()
