@@ -33,9 +33,9 @@ def fuzz_url(serve: Any) -> Iterator[str]:
             yield live.url
 
 
-def _array(prop: dict[str, Any]) -> dict[str, Any]:
-    """The array branch of ``list[...] | None`` (``anyOf``) or the property itself."""
-    return next((b for b in prop.get("anyOf", []) if b.get("type") == "array"), prop)
+def _branch(prop: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The ``kind`` branch of ``X | None`` (``anyOf``), or the property itself."""
+    return next((b for b in prop.get("anyOf", []) if b.get("type") == kind), prop)
 
 
 def _openapi() -> dict[str, Any]:
@@ -48,12 +48,11 @@ def _openapi() -> dict[str, Any]:
     doc = create_app(Settings()).openapi()
     schemas = doc["components"]["schemas"]
     run = schemas["RunRequest"]["properties"]
-    run["max_turns"]["maximum"] = 2
-    schemas["RunRequest"]["required"].append("max_turns")  # see test_omitted_max_turns_*
+    _branch(run["max_turns"], "integer")["maximum"] = 2
     run["reasoning_budget"]["maximum"] = 32
     run["images"]["maxItems"] = 1
     for props in (run, schemas["SelectRequest"]["properties"]):
-        cands = _array(props["candidates"])
+        cands = _branch(props["candidates"], "array")
         cands.update(minItems=1, maxItems=4)
         cands["items"].update(minLength=1, maxLength=400)
     schemas["SelectRequest"]["properties"]["messages"]["maxItems"] = 8

@@ -67,3 +67,57 @@ def sglang_url(tiny_model_dir: Path) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         _script("stop", str(port), timeout=120)
+
+
+@pytest.fixture(scope="session")
+def agent_url(sglang_url: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real ``ssr-server serve --engine sglang`` process in front of the SGLang server."""
+    import httpx
+
+    port = _free_port()
+    env = {**os.environ, "SSR_CACHE_DIR": str(tmp_path_factory.mktemp("agent-cache")),
+           "SSR_SGLANG_TIMEOUT_S": "60", "HF_HUB_OFFLINE": "1"}
+    exe = Path(sys.executable).with_name("ssr-server")
+    proc = subprocess.Popen(
+        [str(exe), "serve", "--engine", "sglang", "--model", str(tiny_model_dir), "--sglang-url", sglang_url,
+         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        env=env, cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"ssr-server serve exited with {proc.returncode}", pytrace=False)
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        else:
+            pytest.fail("ssr-server serve did not start in 120 s", pytrace=False)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+class SGLangControl:
+    """Stops and starts the session's SGLang server on its port (fault tests leave it running)."""
+
+    def __init__(self, model_dir: Path, url: str) -> None:
+        self.model_dir, self.port = model_dir, url.rsplit(":", 1)[1]
+
+    def stop(self) -> None:
+        _script("stop", self.port, timeout=120)
+
+    def start(self) -> None:
+        _script("start", str(self.model_dir), self.port, timeout=300)
+
+
+@pytest.fixture(scope="session")
+def sglang_control(sglang_url: str, tiny_model_dir: Path) -> SGLangControl:
+    return SGLangControl(tiny_model_dir, sglang_url)
