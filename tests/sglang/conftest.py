@@ -70,7 +70,9 @@ def sglang_url(tiny_model_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def agent_url(sglang_url: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def agent_url(
+    sglang_url: str, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """A real ``ssr-server serve --engine sglang`` process in front of the SGLang server."""
     import httpx
 
