@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,7 +42,7 @@ def serve(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = _settings(engine=engine, model=model, host=host, port=port, dtype=dtype, sglang_url=sglang_url)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level,
-                timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
+                timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s))
 
 
 def _print_run(run: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ from ssr_server import metrics
 from ssr_server.agent.loop import RunOptions
 from ssr_server.agent.prompt import THINK_OPEN, sanitize
 from ssr_server.agent.trace import Run, Turn
+from ssr_server.api.admission import Ticket
 from ssr_server.api.app import AppState
 from ssr_server.api.errors import error_payload
 from ssr_server.api.images import load_image
@@ -135,7 +136,9 @@ async def create_run(body: RunRequest, request: Request) -> Any:
     options.validate()
     st.agent.library_for(options)  # unknown library -> 404 before any work
     images = await _images(st, body.images)
-    ticket = await st.admission.acquire()
+    ticket = await _acquire_or_disconnect(st, request)
+    if ticket is None:  # the client left while queued
+        return Response(status_code=499)
     queue: asyncio.Queue[Turn] = asyncio.Queue()
 
     async def on_turn(turn: Turn) -> None:
@@ -147,8 +150,34 @@ async def create_run(body: RunRequest, request: Request) -> Any:
     task.add_done_callback(ticket.release)
     task.add_done_callback(lambda t: st.stats.add_run(t.result()) if _ok(t) else None)
     if body.stream:
-        return EventSourceResponse(_events(task, queue), ping=15)
+        return EventSourceResponse(_events(task, queue), ping=15,
+                                   shutdown_grace_period=st.settings.drain_timeout_s)
     return await _until_done_or_disconnect(task, request)
+
+
+async def _acquire_or_disconnect(st: AppState, request: Request) -> Ticket | None:
+    """Wait for an admission slot; a client that goes away while queued gives its place back."""
+    acquiring = asyncio.ensure_future(st.admission.acquire())
+    try:
+        while True:
+            done, _ = await asyncio.wait({acquiring}, timeout=0.25)
+            if done:
+                return acquiring.result()  # Overloaded / ShuttingDown propagate
+            if await request.is_disconnected():
+                break
+    except BaseException:
+        _abandon(acquiring)
+        raise
+    _abandon(acquiring)
+    metrics.REQUESTS_REJECTED.labels(reason="client_disconnected").inc()
+    return None
+
+
+def _abandon(acquiring: asyncio.Future[Ticket]) -> None:
+    if acquiring.cancel():  # still queued: Admission.acquire gives the place back
+        return
+    if not acquiring.cancelled() and acquiring.exception() is None:
+        acquiring.result().release()  # admitted meanwhile, but nobody will use the slot
 
 
 def _ok(task: asyncio.Task[Run]) -> bool:

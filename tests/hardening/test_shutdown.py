@@ -181,12 +181,13 @@ async def test_sigterm_mid_run_drains_it(serve: Any, long_run: Any, stream: bool
                                          sse_shutdown_flag: None) -> None:
     """SIGTERM (uvicorn's ``handle_exit``) while a run is in flight: the run is finished and answered
     in full, new requests are refused, and then the server stops."""
-    max_turns = 5
+    max_turns = 4
     with serve(Settings(drain_timeout_s=20), graceful_s=20) as live:
         app = live.server.config.app
         async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
             run = asyncio.create_task(client.post("/v1/agent/runs",
-                                                  json=long_run(max_turns=max_turns, stream=stream)))
+                                                  json=long_run(reasoning_budget=60, max_turns=max_turns,
+                                                               stream=stream)))
             await _until(lambda: app.state.ssr.admission.running == 1)
             live.server.handle_exit(signal.SIGTERM, None)  # what uvicorn's signal handler calls
 

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 
 from ssr_server.engine.base import CandidateScore, Context
-from ssr_server.engine.torch.kv import PackedCache, SeqKV
+from ssr_server.engine.torch import segments
+from ssr_server.engine.torch.kv import SeqKV
 from ssr_server.engine.torch.loader import LoadedModel
 from ssr_server.engine.torch.multimodal import Expanded, ImageCache, expand, images_in, positions, safe_cut
 from ssr_server.engine.torch.prefix_cache import CacheEntry, CandidateKV, PrefixCache
@@ -75,36 +76,17 @@ class ModelRunner:
         self.kv_heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
         self.head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
         self.vocab_size = int(text.vocab_size)
+        self._text_model = getattr(lm.base, "language_model", lm.base)
 
     # ---- the packed forward -------------------------------------------------------------------
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk]) -> list[ChunkOut]:
+        """All chunks in one row through the linear layers; attention per segment (see segments.py)."""
         lm = self.lm
-        pasts: list[tuple[SeqKV, int]] = []
-        offsets: dict[tuple[int, int], int] = {}
-        p_total = 0
-        for c in chunks:
-            if c.past is not None and c.past_len > 0:
-                k = (id(c.past), c.past_len)
-                if k not in offsets:
-                    offsets[k] = p_total
-                    pasts.append((c.past, c.past_len))
-                    p_total += c.past_len
-        t_total = sum(len(c.ids) for c in chunks)
-        dtype = lm.dtype
-        mask = torch.full((1, 1, t_total, p_total + t_total), torch.finfo(dtype).min, dtype=dtype)
-        ids = torch.empty((1, t_total), dtype=torch.long)
+        segs = segments.plan(chunks, lm.dtype)
+        t_total = segs[-1].end if segs else 0
+        ids = torch.tensor([[i for c in chunks for i in c.ids]], dtype=torch.long)
         pos = torch.cat([c.pos for c in chunks], dim=1).unsqueeze(1)  # (dims, 1, T)
-        o = 0
-        for c in chunks:
-            t = len(c.ids)
-            ids[0, o : o + t] = torch.tensor(c.ids, dtype=torch.long)
-            if c.past is not None and c.past_len > 0:
-                po = offsets[(id(c.past), c.past_len)]
-                mask[0, 0, o : o + t, po : po + c.past_len] = 0
-            mask[0, 0, o : o + t, p_total + o : p_total + o + t].masked_fill_(
-                torch.ones(t, t, dtype=torch.bool).tril(), 0)
-            o += t
         kwargs: dict[str, Any] = {}
         pix = [c.pixel_values for c in chunks if c.pixel_values is not None]
         if pix:
@@ -112,10 +94,12 @@ class ModelRunner:
             kwargs["image_grid_thw"] = torch.cat([c.grid_thw for c in chunks if c.grid_thw is not None])
         if not lm.is_vl:
             pos = pos[0]  # (1, T)
-        cache = PackedCache(self.num_layers, pasts, t_total)
-        inplace = len(pasts) == 1 and pasts[0][1] == pasts[0][0].length
-        out = lm.base(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device),
-                      position_ids=pos.to(lm.device), cache=cache, use_cache=True, **kwargs)
+        cache = segments.SegmentCache(self.num_layers)
+        # a prepared 4D mask is passed through untouched by transformers; the segments replace it
+        unused_mask = torch.zeros((1, 1, t_total, 1), dtype=lm.dtype, device=lm.device)
+        with segments.segments(self._text_model, segs):
+            out = lm.base(input_ids=ids.to(lm.device), attention_mask=unused_mask,
+                          position_ids=pos.to(lm.device), cache=cache, use_cache=True, **kwargs)
         hidden = out.last_hidden_state[0]  # (T, hidden)
         rows: list[int] = []
         o = 0
@@ -123,13 +107,13 @@ class ModelRunner:
             rows.extend(o + r for r in c.logits_rows)
             o += len(c.ids)
         logits = lm.lm_head(hidden[rows]).float() if rows else hidden.new_zeros((0, self.vocab_size))
+        inplace = {s.start + a: s.inplace for s in segs for a, _ in s.bounds}
         results: list[ChunkOut] = []
         o = r = 0
         for c in chunks:
             t, n = len(c.ids), len(c.logits_rows)
             keys, values = cache.new_kv(o, o + t)
-            results.append(ChunkOut(logits[r : r + n], keys, values,
-                                    inplace and c.past is not None and c.past_len > 0))
+            results.append(ChunkOut(logits[r : r + n], keys, values, inplace[o]))
             o += t
             r += n
         return results

@@ -1,0 +1,166 @@
+"""Segmented attention for the packed forward: each chunk attends to its own past only.
+
+The packed forward puts the chunks of concurrent runs in ONE row so that the linear layers (where
+batching pays) run once. Attention must not be done the same way: with a single row, every new token
+would attend over the concatenation of *all* pasts through a dense ``(T, P_total + T)`` mask, the
+pasts would be concatenated on every call, and transformers' ``repeat_kv`` would copy the whole packed
+KV per layer (its GQA shortcut needs a single query token and no mask). For B runs with pasts of P
+tokens a decode step then costs O(B * B * P): batching loses.
+
+Here attention runs per *segment*, the consecutive chunks sharing one past: queries see that past
+(a view of its ``SeqKV``, the new keys written in place when the past is exclusive and at its end) and
+the segment's own new tokens (block-diagonal causal between its chunks). Cost: O(sum t_i (P_i + t_i)).
+
+Transformers calls the attention through its ``"sdpa"`` interface; ``install`` wraps that entry once
+so that, while ``segments(...)`` is active on this thread and for the text decoder's attention
+modules only, the segmented path runs; everything else (the vision tower, the naive reference path)
+gets stock sdpa.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from ssr_server.engine.torch.kv import SeqKV
+
+_tls = threading.local()
+_installed = False
+_lock = threading.Lock()
+
+
+@dataclass
+class Segment:
+    start: int  # offset of the segment's first new token in the packed row
+    end: int
+    past: SeqKV | None
+    past_len: int
+    bounds: list[tuple[int, int]] = field(default_factory=list)  # chunks, relative to start
+    inplace: bool = False  # new keys written into the past's spare capacity (exclusive past at its end)
+    mask: torch.Tensor | None = None  # (1, 1, t, past_len + t) additive; None: one token, no mask
+
+
+def plan(chunks: list[Any], dtype: torch.dtype) -> list[Segment]:
+    """Segments of ``chunks`` (runner ``Chunk``s): consecutive chunks on the same past share one."""
+    segs: list[Segment] = []
+    uses: dict[int, int] = {}
+    o = 0
+    for c in chunks:
+        t = len(c.ids)
+        past = c.past if c.past is not None and c.past_len > 0 else None
+        last = segs[-1] if segs else None
+        if last is not None and past is not None and last.past is past and last.past_len == c.past_len:
+            last.bounds.append((o - last.start, o - last.start + t))
+            last.end = o + t
+        else:
+            segs.append(Segment(o, o + t, past, c.past_len if past is not None else 0, [(0, t)]))
+            if past is not None:
+                uses[id(past)] = uses.get(id(past), 0) + 1
+        o += t
+    for s in segs:
+        if s.past is not None and uses[id(s.past)] == 1 and s.past_len == s.past.length:
+            s.past.reserve(s.end - s.start)
+            s.inplace = True
+        s.mask = _mask(dtype, s.past_len, s.bounds)
+    return segs
+
+
+def _mask(dtype: torch.dtype, past_len: int, bounds: list[tuple[int, int]]) -> torch.Tensor | None:
+    t = bounds[-1][1]
+    if t == 1:
+        return None
+    mask = torch.full((1, 1, t, past_len + t), torch.finfo(dtype).min, dtype=dtype)
+    mask[..., :past_len] = 0
+    for a, b in bounds:
+        tri = torch.ones(b - a, b - a, dtype=torch.bool).tril()
+        mask[0, 0, a:b, past_len + a : past_len + b].masked_fill_(tri, 0)
+    return mask
+
+
+class _Layer(DynamicLayer):
+    """Hands the new keys/values straight to the attention (which finds the pasts itself)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.new_k: torch.Tensor | None = None
+        self.new_v: torch.Tensor | None = None
+
+    def get_seq_length(self) -> int:
+        return 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        self.is_initialized = True
+        self.new_k, self.new_v = key_states, value_states
+        return key_states, value_states
+
+
+class SegmentCache(DynamicCache):
+    def __init__(self, num_layers: int) -> None:
+        super().__init__()
+        self.layers = [_Layer() for _ in range(num_layers)]  # type: ignore[assignment]
+
+    def new_kv(self, start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per-layer keys/values of the new tokens [start, end) of this forward (views)."""
+        keys, values = [], []
+        for layer in self.layers:
+            assert isinstance(layer, _Layer) and layer.new_k is not None and layer.new_v is not None
+            keys.append(layer.new_k[:, :, start:end])
+            values.append(layer.new_v[:, :, start:end])
+        return keys, values
+
+
+def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: Any, dropout: float = 0.0, scaling: float | None = None,
+               **kwargs: Any) -> tuple[torch.Tensor, None]:
+    segs: list[Segment] | None = getattr(_tls, "segs", None)
+    layer = getattr(module, "layer_idx", None)
+    if segs is None or layer is None or id(module) not in _tls.modules:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    out = query.new_empty(query.shape)  # (1, heads, T, head_dim)
+    for s in segs:
+        k_new, v_new = key[:, :, s.start : s.end], value[:, :, s.start : s.end]
+        if s.past is None:
+            k, v = k_new, v_new
+        elif s.inplace:
+            n, t = s.past_len, s.end - s.start
+            s.past.keys[layer][:, :, n : n + t] = k_new
+            s.past.values[layer][:, :, n : n + t] = v_new
+            k, v = s.past.keys[layer][:, :, : n + t], s.past.values[layer][:, :, : n + t]
+        else:
+            pk, pv = s.past.view(layer, s.past_len)
+            k, v = torch.cat([pk, k_new], dim=2), torch.cat([pv, v_new], dim=2)
+        out[:, :, s.start : s.end] = torch.nn.functional.scaled_dot_product_attention(
+            query[:, :, s.start : s.end], k, v, attn_mask=s.mask, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def install() -> None:
+    global _installed
+    with _lock:
+        if not _installed:
+            AttentionInterface.register("sdpa", _attention)
+            _installed = True
+
+
+@contextlib.contextmanager
+def segments(text_model: Any, segs: list[Segment]) -> Iterator[None]:
+    """While active on this thread, ``text_model``'s attention layers attend per segment."""
+    install()
+    if getattr(_tls, "owner", None) is not text_model:
+        _tls.modules = {id(m) for m in text_model.modules() if hasattr(m, "layer_idx")}
+        _tls.owner = text_model
+    _tls.segs = segs
+    try:
+        yield
+    finally:
+        _tls.segs = None
