@@ -12,6 +12,7 @@ rotary positions restart after each chunk's past. This one mechanism gives:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,33 +187,44 @@ class ModelRunner:
                 self.cache.insert(p.entry)
 
     # ---- scoring ------------------------------------------------------------------------------
-    def score(self, jobs: list[tuple[CacheEntry, list[list[int]]]]) -> list[list[CandidateScore]]:
-        """Teacher-forced log-probabilities of every job's candidates, all in one forward."""
+    def score(self, jobs: list[tuple[CacheEntry, list[list[int]]]],
+              cached: Sequence[int] | None = None) -> list[list[CandidateScore]]:
+        """Teacher-forced log-probabilities of every job's candidates, all in one forward.
+
+        ``cached[i]``: context tokens of job i found in the prefix cache before this call (default:
+        the whole context, i.e. it was prefilled earlier)."""
         chunks: list[Chunk] = []
+        dims = 3 if self.lm.is_vl else 1
         for entry, cands in jobs:
-            dims = 3 if self.lm.is_vl else 1
             for cand in cands:
                 k = len(cand)
                 pos = torch.arange(entry.next_pos, entry.next_pos + k).view(1, -1).expand(dims, -1)
-                chunks.append(Chunk(entry.kv, list(cand), pos, list(range(k)),
-                                    past_len=entry.kv.length))
+                chunks.append(Chunk(entry.kv, list(cand), pos, list(range(k)), past_len=entry.kv.length))
         outs = self.forward(chunks)
+        # Token j of a candidate is predicted by the context's last logits (j = 0) or by candidate row
+        # j - 1: one log-softmax and one gather over every candidate of every job.
+        dists, targets = [], []
+        for (entry, cands), group in zip(jobs, _groups(outs, [len(c) for _, c in jobs]), strict=True):
+            for cand, out in zip(cands, group, strict=True):
+                dists += [entry.last_logits.view(1, -1), out.logits[:-1]]
+                targets += cand
+        lp = torch.log_softmax(torch.cat(dists), dim=-1).gather(1, torch.tensor(targets).view(-1, 1))[:, 0]
+        flat = lp.tolist()
         results: list[list[CandidateScore]] = []
         i = 0
-        for entry, cands in jobs:
+        for j, ((entry, cands), group) in enumerate(
+                zip(jobs, _groups(outs, [len(c) for _, c in jobs]), strict=True)):
+            n_ctx = entry.kv.length
+            hit = n_ctx if cached is None else cached[j]
             scores: list[CandidateScore] = []
             keep: dict[tuple[int, ...], CandidateKV] = {}
-            for cand in cands:
-                out = outs[i]
-                i += 1
-                # token j is predicted by the context's last logits (j = 0) or candidate row j - 1
-                dist = torch.cat([entry.last_logits.view(1, -1), out.logits[:-1]], dim=0)
-                lp = torch.log_softmax(dist, dim=-1).gather(1, torch.tensor(cand).view(-1, 1))[:, 0]
-                scores.append(CandidateScore(tuple(float(x) for x in lp), cached_tokens=entry.kv.length,
-                                             context_tokens=entry.kv.length))
+            for cand, out in zip(cands, group, strict=True):
+                scores.append(CandidateScore(tuple(flat[i : i + len(cand)]), cached_tokens=hit,
+                                             context_tokens=n_ctx))
+                i += len(cand)
                 keep[tuple(cand)] = CandidateKV([k.clone() for k in out.keys],
                                                 [v.clone() for v in out.values], out.logits[-1].clone())
-            entry.candidates = keep
+            entry.candidates = keep  # only the latest scoring: bounded memory
             self.cache.touch(entry)
             results.append(scores)
         return results
@@ -236,3 +248,11 @@ class ModelRunner:
             lp = lp.gather(1, torch.tensor(cand).view(-1, 1))[:, 0]
             scores.append(CandidateScore(tuple(float(x) for x in lp)))
         return scores
+
+
+def _groups(outs: list[ChunkOut], sizes: list[int]) -> list[list[ChunkOut]]:
+    groups, i = [], 0
+    for n in sizes:
+        groups.append(outs[i : i + n])
+        i += n
+    return groups

@@ -138,7 +138,8 @@ class Scheduler:
                     self.runner.cache.insert(p.entry)
                 ready.append((j, p.entry))
         if ready:
-            results = self.runner.score([(e, j.candidates) for j, e in ready])
+            results = self.runner.score([(e, j.candidates) for j, e in ready],
+                                        cached=[preps[j].cached_tokens for j, _ in ready])
             self._note_batch(len(ready))
             for (j, _), res in zip(ready, results, strict=True):
                 _resolve(j, res)
@@ -195,16 +196,22 @@ class Scheduler:
         tokenizer = self.runner.lm.tokenizer
         reason: str | None = None
         stop_text: str | None = None
-        text = tokenizer.decode(seq.generated, skip_special_tokens=False)
-        cut = len(text)
+        text = ""
+        cut = 0
         if tok in self.eos_ids:
             reason = "eos"
             text = tokenizer.decode(seq.generated[:-1], skip_special_tokens=False)
             cut = len(text)
-        elif params.stop and (hit := find_stop(text, params.stop)) is not None:
-            reason, cut, stop_text = "stop", hit[0], hit[1]
-        elif len(seq.generated) >= params.max_new_tokens:
+        elif params.stop and self._tail_has_stop(seq.generated, params.stop):
+            # Only the tail is decoded each step; the whole text once, when a stop string showed up.
+            text = tokenizer.decode(seq.generated, skip_special_tokens=False)
+            hit = find_stop(text, params.stop)
+            if hit is not None:
+                reason, cut, stop_text = "stop", hit[0], hit[1]
+        if reason is None and len(seq.generated) >= params.max_new_tokens:
             reason = "length"
+            text = tokenizer.decode(seq.generated, skip_special_tokens=False)
+            cut = len(text)
         if reason is None:
             return False
         # The KV holds everything but the last sampled token (never fed): cache it for the next turn.
@@ -219,6 +226,13 @@ class Scheduler:
             timings={"queue_s": seq.started - seq.job.submitted, "generate_s": elapsed},
         ))
         return True
+
+    def _tail_has_stop(self, generated: list[int], stops: tuple[str, ...]) -> bool:
+        # Every token holds at least one byte, so a stop string that ended with the newest token lies
+        # within its last len(stop in bytes) + 4 tokens.
+        n = max(len(s.encode()) for s in stops) + 4
+        tail = self.runner.lm.tokenizer.decode(generated[-n:], skip_special_tokens=False)
+        return find_stop(tail, stops) is not None
 
     def _note_batch(self, size: int) -> None:
         self.batches += 1
