@@ -165,6 +165,57 @@ def bench_scoring(
     typer.echo(scoring.format_table(result))
 
 
+@bench_app.command("serve")
+def bench_serve(
+    model: Annotated[str | None, typer.Option(help="model dir (default: the offline tiny model)")] = None,
+    concurrency: Annotated[list[int] | None, typer.Option(help="levels (repeatable)")] = None,
+    runs: Annotated[int, typer.Option(help="runs per level")] = 32,
+    max_turns: Annotated[int, typer.Option()] = 4,
+    repeats: Annotated[int, typer.Option(help="repeat each level; the median is reported")] = 1,
+    json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+) -> None:
+    """Runs/s and per-turn reasoning p95 at several concurrencies, one real server, side by side."""
+    from ssr_server.bench import serve as serve_bench
+
+    result = serve_bench.run_serve_bench(model=model, concurrencies=tuple(concurrency or (1, 4, 8)),
+                                         runs_per_level=runs, max_turns=max_turns, json_path=json_path,
+                                         repeats=repeats)
+    typer.echo(serve_bench.format_table(result))
+
+
+@app.command()
+def loadtest(
+    target: Annotated[str, typer.Option(help="server base URL (loopback unless --allow-remote)")] = (
+        "http://127.0.0.1:8000"),
+    rate: Annotated[float | None, typer.Option(help="open loop: Poisson arrivals per second")] = None,
+    concurrency: Annotated[int | None, typer.Option(help="closed loop: clients")] = None,
+    requests: Annotated[int, typer.Option(help="stop launching after this many")] = 100,
+    duration: Annotated[float, typer.Option(help="stop launching after this many seconds")] = 60.0,
+    mix: Annotated[str, typer.Option(help="mode mix, e.g. ssr=0.5,freeform=0.5")] = "ssr=0.5,freeform=0.5",
+    images: Annotated[float, typer.Option(help="fraction of requests with a picture")] = 1.0,
+    max_turns: Annotated[int, typer.Option()] = 4,
+    tau: Annotated[float, typer.Option()] = 1.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    slo: Annotated[float, typer.Option(help="seconds, for goodput")] = 10.0,
+    timeout: Annotated[float, typer.Option(help="per request, seconds")] = 120.0,
+    stream: Annotated[bool, typer.Option(help="use the SSE variant")] = False,
+    api_key: Annotated[str | None, typer.Option(envvar="SSR_API_KEY")] = None,
+    allow_remote: Annotated[bool, typer.Option(help="allow a non-loopback target")] = False,
+    out: Annotated[str, typer.Option(help="report folder (JSON + PNG)")] = "loadtest-out",
+) -> None:
+    """A bounded load test of POST /v1/agent/runs with a JSON + PNG report."""
+    from ssr_server.loadtest import format_table, run_loadtest
+
+    try:
+        summary, _ = run_loadtest(
+            target, rate=rate, concurrency=concurrency, requests=requests, duration_s=duration, modes=mix,
+            with_images=images, max_turns=max_turns, timeout_s=timeout, slo_s=slo, seed=seed,
+            api_key=api_key, tau=tau, stream=stream, allow_remote=allow_remote, out_dir=out)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo(format_table(summary))
+
+
 def main() -> None:
     app(prog_name="ssr-server")
 
