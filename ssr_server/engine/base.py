@@ -79,6 +79,7 @@ class GenerationParams:
     top_k: int = 0  # 0 = off
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # benchmarks: decode exactly max_new_tokens
     # Text forced at the start of the output (already part of the prompt); stop strings are searched
     # only in the generated text after it.
 

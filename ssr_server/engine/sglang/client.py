@@ -177,7 +177,7 @@ class SGLangEngine:
         sampling: dict[str, Any] = {
             "max_new_tokens": params.max_new_tokens, "temperature": params.temperature,
             "top_p": params.top_p, "top_k": params.top_k if params.top_k > 0 else -1,
-            "skip_special_tokens": False, "no_stop_trim": True,
+            "skip_special_tokens": False, "no_stop_trim": True, "ignore_eos": params.ignore_eos,
         }
         if params.stop:
             sampling["stop"] = list(params.stop)

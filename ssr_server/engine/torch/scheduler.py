@@ -198,7 +198,7 @@ class Scheduler:
         stop_text: str | None = None
         text = ""
         cut = 0
-        if tok in self.eos_ids:
+        if tok in self.eos_ids and not params.ignore_eos:
             reason = "eos"
             text = tokenizer.decode(seq.generated[:-1], skip_special_tokens=False)
             cut = len(text)
