@@ -40,10 +40,11 @@ CANDIDATE_TEXTS = (
 )
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def one_torch_thread() -> Iterator[None]:
     """The tiny model's ops are far too small to split: one intra-op thread is ~10x faster than two
-    on a busy 2-core machine (OpenMP workers spin waiting for each other)."""
+    on a busy 2-core machine (OpenMP workers spin waiting for each other). Module scope: the setting
+    is restored after each module, so tests outside this directory keep the default."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

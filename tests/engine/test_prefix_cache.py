@@ -1,16 +1,17 @@
-"""Unit tests of the prefix cache (longest-prefix lookup, LRU eviction, common_prefix) and SeqKV buffers."""
+"""Unit tests of the prefix cache (longest-prefix lookup, LRU eviction, common_prefix), SeqKV buffers and
+the packed forward's segment plan."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ssr_server.engine.torch.kv import PackedCache, SeqKV
+from ssr_server.engine.torch import segments
+from ssr_server.engine.torch.kv import SeqKV
 from ssr_server.engine.torch.prefix_cache import CacheEntry, CandidateKV, PrefixCache, common_prefix
+from ssr_server.engine.torch.runner import Chunk
 
 LAYERS, HEADS, DIM = 2, 2, 4
 
@@ -197,33 +198,48 @@ def test_view_limits_length() -> None:
     assert seq.nbytes == LAYERS * 2 * HEADS * 12 * DIM * 4
 
 
-# ---------------------------------------------------------------- PackedCache
+# ---------------------------------------------------------------- segments (the packed forward's plan)
 
 
-def layer_of(cache: PackedCache, i: int) -> Any:
-    return cache.layers[i]
+def chunk_on(past: SeqKV | None, t: int, past_len: int | None = None) -> Chunk:
+    n = (past.length if past is not None else 0) if past_len is None else past_len
+    return Chunk(past, list(range(t)), torch.zeros(1, t, dtype=torch.long), [t - 1], past_len=n)
 
 
-def test_packed_cache_single_past_writes_scratch_in_place() -> None:
-    seq = kv_of(4, capacity=4)
-    cache = PackedCache(LAYERS, [(seq, 4)], new_tokens=3)
-    assert seq.capacity >= 7 and seq.length == 4
-    keys, values = chunk(3, 100.0)
-    for layer in range(LAYERS):
-        k, v = layer_of(cache, layer).update(keys[layer], values[layer], layer)
-        assert k.shape[2] == 7
-        assert torch.equal(k[:, :, 4:], keys[layer]) and torch.equal(v[:, :, 4:], values[layer])
-    new_k, _ = cache.new_kv(1, 3)
-    assert torch.equal(new_k[0], keys[0][:, :, 1:3])
-    assert_holds(seq, [0.0, 1.0, 2.0, 3.0])  # the past itself is unchanged (length not advanced)
-    assert cache.get_seq_length() == 4
+def test_plan_groups_consecutive_chunks_on_one_past() -> None:
+    a, b = kv_of(4, capacity=4), kv_of(3, capacity=8)
+    segs = segments.plan([chunk_on(a, 2), chunk_on(a, 3), chunk_on(b, 1), chunk_on(None, 2)], torch.float32)
+    assert [(s.start, s.end, s.past_len, s.bounds) for s in segs] == [
+        (0, 5, 4, [(0, 2), (2, 5)]), (5, 6, 3, [(0, 1)]), (6, 8, 0, [(0, 2)])]
+    assert segs[0].past is a and segs[1].past is b and segs[2].past is None
+    # exclusive pasts used at their end are written in place: room is reserved, contents kept
+    assert segs[0].inplace and segs[1].inplace and not segs[2].inplace
+    assert a.capacity >= 4 + 5 and a.length == 4
+    assert_holds(a, [0.0, 1.0, 2.0, 3.0])
 
 
-def test_packed_cache_several_pasts_concatenate() -> None:
-    a, b = kv_of(3, start=0.0), kv_of(2, start=10.0)
-    cache = PackedCache(LAYERS, [(a, 3), (b, 2)], new_tokens=1)
-    keys, values = chunk(1, 100.0)
-    k, _ = layer_of(cache, 0).update(keys[0], values[0], 0)
-    assert k[0, 0, :, 0].tolist() == [0.0, 1.0, 2.0, 10.0, 11.0, 100.0]
-    assert_holds(a, [0.0, 1.0, 2.0])
-    assert_holds(b, [10.0, 11.0])
+def test_plan_masks_are_block_causal_over_the_past() -> None:
+    a = kv_of(3)
+    (seg,) = segments.plan([chunk_on(a, 2), chunk_on(a, 3)], torch.float32)
+    assert seg.mask is not None and seg.mask.shape == (1, 1, 5, 3 + 5)
+    seen = (seg.mask[0, 0] == 0).int().tolist()
+    assert seen == [
+        [1, 1, 1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0, 1, 0, 0],
+        [1, 1, 1, 0, 0, 1, 1, 0],
+        [1, 1, 1, 0, 0, 1, 1, 1],
+    ]
+    assert seg.mask.min().item() == torch.finfo(torch.float32).min
+    (one,) = segments.plan([chunk_on(a, 1)], torch.float32)
+    assert one.mask is None  # a single decode token sees its whole past: no mask at all
+
+
+def test_plan_shared_or_partial_pasts_are_not_written() -> None:
+    a, b = kv_of(4, capacity=4), kv_of(4, capacity=4)
+    segs = segments.plan([chunk_on(a, 2), chunk_on(b, 1), chunk_on(a, 2)], torch.float32)
+    assert len(segs) == 3 and not segs[0].inplace and not segs[2].inplace  # a is used twice
+    assert segs[1].inplace
+    assert a.capacity == 4  # nothing reserved in a past that is not written
+    (part,) = segments.plan([chunk_on(b, 2, past_len=2)], torch.float32)
+    assert not part.inplace and part.past_len == 2  # a prefix of b: its tail must not be overwritten

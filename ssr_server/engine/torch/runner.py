@@ -243,8 +243,11 @@ class ModelRunner:
             if pv is not None:
                 kwargs = {"pixel_values": pv, "image_grid_thw": grid,
                           "mm_token_type_ids": torch.eq(ids, self.lm.image_token_id or -1).int()}
-            logits = self.lm.model(input_ids=ids, use_cache=False, **kwargs).logits[0].float()
-            lp = torch.log_softmax(logits[n - 1 : n + len(cand) - 1], dim=-1)
+            # logits only where they are needed (the last K + 1 rows, the last dropped): a fair baseline
+            k = len(cand)
+            logits = self.lm.model(input_ids=ids, use_cache=False, logits_to_keep=k + 1,
+                                   **kwargs).logits[0].float()
+            lp = torch.log_softmax(logits[:k], dim=-1)
             lp = lp.gather(1, torch.tensor(cand).view(-1, 1))[:, 0]
             scores.append(CandidateScore(tuple(float(x) for x in lp)))
         return scores

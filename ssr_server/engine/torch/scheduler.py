@@ -214,8 +214,10 @@ class Scheduler:
             cut = len(text)
         if reason is None:
             return False
-        # The KV holds everything but the last sampled token (never fed): cache it for the next turn.
-        entry = CacheEntry(tuple(seq.key), seq.kv, seq.logits if seq.logits is not None
+        # The KV holds everything but the last sampled token (never fed): cache it for the next turn,
+        # without the spare room reserved for max_new_tokens.
+        kv = seq.kv.fork(extra=64) if seq.kv.capacity > seq.kv.length + 256 else seq.kv
+        entry = CacheEntry(tuple(seq.key), kv, seq.logits if seq.logits is not None
                            else torch.zeros(0), seq.next_pos)
         self.runner.cache.insert(entry)
         elapsed = time.perf_counter() - seq.started

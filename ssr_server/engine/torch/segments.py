@@ -67,7 +67,8 @@ def plan(chunks: list[Any], dtype: torch.dtype) -> list[Segment]:
         o += t
     for s in segs:
         if s.past is not None and uses[id(s.past)] == 1 and s.past_len == s.past.length:
-            s.past.reserve(s.end - s.start)
+            # decode steps grow geometrically; multi-token scratch (candidates) exactly
+            s.past.reserve(s.end - s.start, exact=s.end - s.start > 1)
             s.inplace = True
         s.mask = _mask(dtype, s.past_len, s.bounds)
     return segs
