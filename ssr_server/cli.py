@@ -152,14 +152,22 @@ def bench_scoring(
     repeats: Annotated[int, typer.Option()] = 5,
     engine: Annotated[str, typer.Option(help="torch | sglang")] = "torch",
     sglang_url: Annotated[str | None, typer.Option()] = None,
+    bf16_matmul: Annotated[str, typer.Option(help="auto | native | fp32 (bf16 matmul kernel)")] = "auto",
     json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
 ) -> None:
     """Naive vs packed vs packed-on-cache scoring vs freeform decoding, side by side."""
+    if engine == "sglang":
+        from ssr_server.bench import sglang_scoring
+        from ssr_server.engine.factory import resolve_model
+
+        url = sglang_url or _settings().sglang_url
+        res = sglang_scoring.run_sglang_scoring_bench(url, model or resolve_model(_settings()), repeats,
+                                                      json_path)
+        typer.echo(sglang_scoring.format_table(res))
+        return
     from ssr_server.bench import scoring
 
-    kwargs: dict[str, Any] = {}
-    if sglang_url:
-        kwargs["sglang_url"] = sglang_url
+    kwargs: dict[str, Any] = {"bf16_matmul": bf16_matmul}
     result = scoring.run_scoring_bench(model=model, shape=shape, dtype=dtype, repeats=repeats,
                                        json_path=json_path, engine=engine, **kwargs)
     typer.echo(scoring.format_table(result))

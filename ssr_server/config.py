@@ -17,6 +17,7 @@ class Settings(BaseSettings):
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     device: str = "cpu"
     torch_threads: int | None = None
+    bf16_matmul: Literal["auto", "native", "fp32"] = "auto"  # CPU without bf16 arithmetic: fp32 kernel
     prefix_cache_mb: int = Field(1024, ge=1)
     sglang_url: str = "http://127.0.0.1:30000"
     sglang_scoring: Literal["auto", "route", "generate"] = "auto"  # /ssr/score, or two /generate calls

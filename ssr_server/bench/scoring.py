@@ -40,7 +40,7 @@ import torch
 from PIL import Image, ImageDraw
 
 from ssr_server.engine.base import Context, ImageRef
-from ssr_server.engine.torch.loader import LoadedModel, load_model, resolve_dtype
+from ssr_server.engine.torch.loader import LoadedModel, configure_bf16_matmul, load_model, resolve_dtype
 from ssr_server.engine.torch.multimodal import ImageCache, expand
 from ssr_server.engine.torch.prefix_cache import CacheEntry, PrefixCache
 from ssr_server.engine.torch.runner import Chunk, ModelRunner
@@ -94,7 +94,8 @@ def _threads(threads: int | None) -> int:
     return n
 
 
-def build_random_qwen3(dtype: str = "bf16", shape: str = "0.6b", seed: int = 0) -> LoadedModel:
+def build_random_qwen3(dtype: str = "bf16", shape: str = "0.6b", seed: int = 0,
+                       bf16_matmul: str = "auto") -> LoadedModel:
     """A random Qwen3ForCausalLM of the given shape in memory, with the real Qwen tokenizer (no hub)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -125,6 +126,7 @@ def build_random_qwen3(dtype: str = "bf16", shape: str = "0.6b", seed: int = 0) 
             else:
                 p.fill_(1.0)  # RMSNorm weights
     model.eval()
+    configure_bf16_matmul(model, torch_dtype, torch.device("cpu"), bf16_matmul)
     tok: Any = build_tokenizer("qwen")
     eos = frozenset(int(tok.convert_tokens_to_ids(t)) for t in ("<|im_end|>", "<|endoftext|>"))
     return LoadedModel(model=model, tokenizer=tok, image_processor=None, is_vl=False, dtype=torch_dtype,
@@ -132,17 +134,17 @@ def build_random_qwen3(dtype: str = "bf16", shape: str = "0.6b", seed: int = 0) 
                        name=f"random Qwen3 {shape} shape (in memory)")
 
 
-def _load(model: str | None, shape: str | None, dtype: str) -> LoadedModel:
+def _load(model: str | None, shape: str | None, dtype: str, bf16_matmul: str = "auto") -> LoadedModel:
     if shape:
-        return build_random_qwen3(dtype, shape)
+        return build_random_qwen3(dtype, shape, bf16_matmul=bf16_matmul)
     if model:
-        return load_model(model, dtype=dtype)
+        return load_model(model, dtype=dtype, bf16_matmul=bf16_matmul)
     from ssr_server.engine.tiny import build_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="ssr-bench-tiny-"))
     try:
         build_tiny_model(tmp / "model", seed=0)
-        lm = load_model(str(tmp / "model"), dtype=dtype)
+        lm = load_model(str(tmp / "model"), dtype=dtype, bf16_matmul=bf16_matmul)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dataclasses.replace(lm, name="tiny Qwen3-VL (seed 0, built offline)")
@@ -280,7 +282,7 @@ def run_scoring_bench(model: str | None, shape: str | None, dtype: str, repeats:
                       json_path: str | None, engine: str = "torch", *, sglang_url: str | None = None,
                       threads: int | None = None, profile: bool = False,
                       freeform_tokens: int = FREEFORM_TOKENS, context_tokens: int = CONTEXT_TOKENS,
-                      ) -> dict[str, Any]:
+                      bf16_matmul: str = "auto") -> dict[str, Any]:
     """Measure naive / packed / packed-on-cache scoring and freeform decoding; see the module docstring."""
     if engine != "torch":
         raise NotImplementedError(f"the scoring bench for engine {engine!r} is not implemented yet "
@@ -288,7 +290,7 @@ def run_scoring_bench(model: str | None, shape: str | None, dtype: str, repeats:
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     n_threads = _threads(threads)
-    t_load, lm = _timed(lambda: _load(model, shape, dtype))
+    t_load, lm = _timed(lambda: _load(model, shape, dtype, bf16_matmul))
     cands = default_candidates(lm)
     ctx = bench_context(lm, cands, context_tokens)
     n_ctx = len(expand(lm, ctx, ImageCache()).ids)
@@ -317,7 +319,9 @@ def run_scoring_bench(model: str | None, shape: str | None, dtype: str, repeats:
         free_ms.append(ms)
 
     result: dict[str, Any] = {
-        "engine": engine, "model": lm.name, "shape": shape, "dtype": str(lm.dtype).replace("torch.", ""),
+        "engine": engine, "bf16_matmul": bf16_matmul if lm.dtype == torch.bfloat16 else None,
+        "bf16_fp32_kernel": bool(getattr(lm.model, "ssr_fp32_matmul_layers", 0)),
+        "model": lm.name, "shape": shape, "dtype": str(lm.dtype).replace("torch.", ""),
         "is_vl": lm.is_vl, "threads": n_threads, "repeats": repeats, "load_s": round(t_load / 1e3, 2),
         "params_m": round(sum(p.numel() for p in lm.model.parameters()) / 1e6, 1),
         "context_tokens": n_ctx, "context_images": len(ctx.images),
@@ -373,7 +377,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"scoring bench - {r['model']} ({r['params_m']}M params), {r['dtype']}, engine {r['engine']}, "
         f"{r['threads']} torch threads, median of {r['repeats']}",
         f"cpu: {cpu.get('model', '?')} ({cpu.get('cores', '?')} cores, native bf16: "
-        f"{cpu.get('native_bf16', '?')}, load {cpu.get('loadavg_1m', '?')})",
+        f"{cpu.get('native_bf16', '?')}, load {cpu.get('loadavg_1m', '?')})"
+        + (", bf16 matmuls of >= 8 rows via the fp32 kernel" if r.get("bf16_fp32_kernel") else ""),
         f"context: {r['context_tokens']} tokens ({r['context_images']} images); candidates: "
         f"{len(r['candidate_tokens'])} of {r['candidate_tokens']} tokens",
         "",

@@ -26,4 +26,5 @@ def build_engine(settings: Settings) -> Engine:
     from ssr_server.engine.torch.engine import TorchEngine
 
     return TorchEngine(resolve_model(settings), dtype=settings.dtype, device=settings.device,
-                       cache_bytes=settings.prefix_cache_mb * 1024 * 1024, threads=settings.torch_threads)
+                       cache_bytes=settings.prefix_cache_mb * 1024 * 1024, threads=settings.torch_threads,
+                       bf16_matmul=settings.bf16_matmul)

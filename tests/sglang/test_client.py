@@ -106,3 +106,15 @@ async def test_bad_candidates_are_invalid_requests(sglang_url: str, tiny_model_d
         assert await client.ready()
     finally:
         await client.close()
+
+
+def test_sglang_scoring_bench_side_by_side(sglang_url: str, tiny_model_dir: Path) -> None:
+    from ssr_server.bench.sglang_scoring import format_table, run_sglang_scoring_bench
+
+    r = run_sglang_scoring_bench(sglang_url, str(tiny_model_dir), repeats=1)
+    for key in ("naive_ms", "route_cold_ms", "route_warm_ms", "two_step_cold_ms", "two_step_warm_ms",
+                "freeform_ms"):
+        assert r[key] > 0
+    assert r["max_abs_diff"] < 1e-4  # every path scores the same as the naive rows
+    assert r["candidate_tokens"] and r["context_tokens"] > 100
+    assert "decode steps" in format_table(r)

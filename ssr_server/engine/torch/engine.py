@@ -20,8 +20,9 @@ class TorchEngine:
     """In-process transformers model; CPU or GPU; batches concurrent runs on one worker thread."""
 
     def __init__(self, model: str | LoadedModel, *, dtype: str = "fp32", device: str = "cpu",
-                 cache_bytes: int = 1 << 30, threads: int | None = None) -> None:
-        self.lm = model if isinstance(model, LoadedModel) else load_model(model, dtype=dtype, device=device)
+                 cache_bytes: int = 1 << 30, threads: int | None = None, bf16_matmul: str = "auto") -> None:
+        self.lm = model if isinstance(model, LoadedModel) else load_model(
+            model, dtype=dtype, device=device, bf16_matmul=bf16_matmul)
         if threads:
             torch.set_num_threads(threads)
         elif self.lm.device.type == "cpu" and sum(p.numel() for p in self.lm.model.parameters()) < 50e6:

@@ -64,7 +64,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
 
 
 def load_model(path_or_id: str, dtype: str = "fp32", device: str = "cpu",
-               attn_implementation: str = "sdpa") -> LoadedModel:
+               attn_implementation: str = "sdpa", bf16_matmul: str = "auto") -> LoadedModel:
     """Load with the Auto classes; a vision-language config gets the image-text class and processor."""
     from transformers import (
         AutoConfig,
@@ -84,6 +84,7 @@ def load_model(path_or_id: str, dtype: str = "fp32", device: str = "cpu",
     model: Any = cls.from_pretrained(path_or_id, dtype=torch_dtype, attn_implementation=attn_implementation)
     model.to(device)
     model.eval()
+    configure_bf16_matmul(model, torch_dtype, torch.device(device), bf16_matmul)
     tokenizer = AutoTokenizer.from_pretrained(path_or_id)
     image_processor = None
     merge_size = 1
@@ -98,3 +99,20 @@ def load_model(path_or_id: str, dtype: str = "fp32", device: str = "cpu",
         dtype=torch_dtype, device=torch.device(device), image_token_id=image_token_id,
         merge_size=merge_size, eos_token_ids=_eos_ids(model, tokenizer), name=path_or_id,
     )
+
+
+def configure_bf16_matmul(model: Any, dtype: torch.dtype, device: torch.device, mode: str = "auto") -> bool:
+    """``auto``: on a CPU without bf16 arithmetic, multi-token bf16 matmuls use the fp32 kernel
+    (see ``cpu_bf16``); ``native`` never; ``fp32`` always (on CPU). True when installed."""
+    from ssr_server.engine.torch.cpu_bf16 import has_native_bf16, install_fp32_matmul
+
+    if mode not in ("auto", "native", "fp32"):
+        raise EngineError(f"bf16_matmul must be auto, native or fp32, not {mode!r}")
+    if dtype != torch.bfloat16 or device.type != "cpu" or mode == "native":
+        return False
+    if mode == "auto" and has_native_bf16():
+        return False
+    n = install_fp32_matmul(model)
+    log.info("bf16 on a CPU without bf16 arithmetic: %d linear layers use the fp32 kernel for "
+             "multi-token forwards", n)
+    return True

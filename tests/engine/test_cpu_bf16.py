@@ -1,0 +1,48 @@
+"""bf16 matmuls through the fp32 kernel: same arithmetic as a bf16 GEMM with fp32 accumulation."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ssr_server.engine.torch.cpu_bf16 import has_native_bf16, install_fp32_matmul
+from ssr_server.engine.torch.loader import configure_bf16_matmul
+
+
+def test_cpu_flags_are_read() -> None:
+    assert has_native_bf16("flags\t\t: fpu avx512f avx512_bf16 avx512_vnni\n")
+    assert has_native_bf16("flags\t\t: fpu amx_bf16 amx_tile\n")
+    assert not has_native_bf16("processor\t: 0\nflags\t\t: fpu avx512f avx512_vnni\n")
+    assert has_native_bf16("no flags line here")  # cannot tell: change nothing
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 96), nn.GELU(), nn.Linear(96, 32, bias=False)).to(torch.bfloat16)
+
+
+def test_fp32_kernel_matches_native_bf16_and_keeps_dtypes() -> None:
+    native, fast = _model(), _model()
+    assert install_fp32_matmul(fast, min_rows=8) == 2
+    for rows in (1, 8, 40):
+        x = torch.randn(rows, 64).to(torch.bfloat16)
+        a, b = native(x), fast(x)
+        assert b.dtype == torch.bfloat16 and b.shape == a.shape
+        # both accumulate in fp32 and round to bf16: equal up to accumulation order
+        torch.testing.assert_close(b.float(), a.float(), atol=2e-2, rtol=2e-2)
+    # exactly the upcast product for multi-row inputs, the native one for single rows
+    x = torch.randn(40, 64).to(torch.bfloat16)
+    lin = fast[2]
+    want = torch.nn.functional.linear(x.float(), lin.weight.float()).to(torch.bfloat16)
+    assert torch.equal(lin(x), want)
+    one = x[:1]
+    assert torch.equal(lin(one), torch.nn.functional.linear(one, lin.weight))
+    assert all(p.dtype == torch.bfloat16 for p in fast.parameters())
+
+
+def test_configure_only_acts_on_bf16_cpu() -> None:
+    m = _model()
+    assert not configure_bf16_matmul(m, torch.float32, torch.device("cpu"), "fp32")
+    assert not configure_bf16_matmul(m, torch.bfloat16, torch.device("cpu"), "native")
+    assert configure_bf16_matmul(m, torch.bfloat16, torch.device("cpu"), "fp32")
+    assert m.ssr_fp32_matmul_layers == 2  # type: ignore[attr-defined]
