@@ -29,6 +29,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """The tiny model's ops are too small to split: one intra-op thread is much faster on 2 cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from ssr_server.engine.tiny import build_tiny_model

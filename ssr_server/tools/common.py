@@ -44,3 +44,19 @@ def http_error(service: str, exc: httpx.HTTPError, timeout_s: float) -> ToolErro
 def check_status(service: str, response: httpx.Response) -> None:
     if response.status_code != 200:
         raise ToolError(f"{service} returned HTTP {response.status_code}")
+
+
+class BackendTool:
+    """What the search tools share: a backend, how many hits to show, how much text at most."""
+
+    def __init__(self, backend: object, *, k: int, max_chars: int) -> None:
+        if k <= 0 or max_chars < 100:
+            raise ValueError("need k > 0 and max_chars >= 100")
+        self.backend = backend
+        self.k = k
+        self.max_chars = max_chars
+
+    async def aclose(self) -> None:
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            await close()

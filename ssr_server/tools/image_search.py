@@ -36,7 +36,7 @@ from PIL import Image
 from ssr_server.engine.base import ImageRef
 from ssr_server.errors import ToolError
 from ssr_server.tools.base import Observation, ToolCall, ToolContext
-from ssr_server.tools.common import check_status, http_error, pick_image
+from ssr_server.tools.common import BackendTool, check_status, http_error, pick_image
 from ssr_server.tools.text_search import format_hits
 
 
@@ -182,22 +182,15 @@ class HTTPImageSearchBackend:
         return hits
 
 
-class ImageSearchTool:
+class ImageSearchTool(BackendTool):
     """Reverse-searches ``ctx.images[call.image_index]`` and lists what it looks like."""
 
     name = "image_search"
 
-    def __init__(self, backend: ImageSearchBackend, *, k: int = 3, max_chars: int = 1200) -> None:
-        if k <= 0 or max_chars < 100:
-            raise ValueError("need k > 0 and max_chars >= 100")
-        self.backend = backend
-        self.k = k
-        self.max_chars = max_chars
+    backend: ImageSearchBackend
 
-    async def aclose(self) -> None:
-        close = getattr(self.backend, "aclose", None)
-        if close is not None:
-            await close()
+    def __init__(self, backend: ImageSearchBackend, *, k: int = 3, max_chars: int = 1200) -> None:
+        super().__init__(backend, k=k, max_chars=max_chars)
 
     async def __call__(self, call: ToolCall, ctx: ToolContext) -> Observation:
         pos, ref = pick_image(ctx, call.image_index)

@@ -22,7 +22,7 @@ import httpx
 
 from ssr_server.errors import ToolError
 from ssr_server.tools.base import Observation, ToolCall, ToolContext
-from ssr_server.tools.common import check_status, http_error
+from ssr_server.tools.common import BackendTool, check_status, http_error
 
 MAX_QUERY_CHARS = 500
 
@@ -193,22 +193,15 @@ def format_hits(header: str, lines: list[str], max_chars: int) -> str:
     return out
 
 
-class TextSearchTool:
+class TextSearchTool(BackendTool):
     """Runs ``call.query`` through a backend and shows the top hits as numbered lines."""
 
     name = "text_search"
 
-    def __init__(self, backend: TextSearchBackend, *, k: int = 5, max_chars: int = 1500) -> None:
-        if k <= 0 or max_chars < 100:
-            raise ValueError("need k > 0 and max_chars >= 100")
-        self.backend = backend
-        self.k = k
-        self.max_chars = max_chars
+    backend: TextSearchBackend
 
-    async def aclose(self) -> None:
-        close = getattr(self.backend, "aclose", None)
-        if close is not None:
-            await close()
+    def __init__(self, backend: TextSearchBackend, *, k: int = 5, max_chars: int = 1500) -> None:
+        super().__init__(backend, k=k, max_chars=max_chars)
 
     async def __call__(self, call: ToolCall, ctx: ToolContext) -> Observation:
         query = " ".join(call.query.split())[:MAX_QUERY_CHARS]

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import torch
 
 from ssr_server.agent.loop import Agent
 from ssr_server.demo.world import entities, render_image
 from ssr_server.engine.base import ImageRef
 from ssr_server.library import LibraryRegistry
-
-
-@pytest.fixture(scope="session", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """The tiny model's ops are too small to split: one intra-op thread is much faster on 2 cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

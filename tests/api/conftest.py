@@ -13,21 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from ssr_server.demo.world import entities, render_image
 
 ServerFactory = Callable[..., AbstractContextManager[str]]
-
-
-@pytest.fixture(scope="session", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """The tiny model's ops are too small to split: one intra-op thread is much faster on 2 cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
