@@ -118,3 +118,26 @@ def test_sglang_scoring_bench_side_by_side(sglang_url: str, tiny_model_dir: Path
     assert r["max_abs_diff"] < 1e-4  # every path scores the same as the naive rows
     assert r["candidate_tokens"] and r["context_tokens"] > 100
     assert "decode steps" in format_table(r)
+
+
+async def test_cancelled_generation_is_aborted_on_sglang(sglang_url: str, tiny_model_dir: Path) -> None:
+    client = SGLangEngine(sglang_url, model=str(tiny_model_dir))
+    try:
+        ctx = Context(tuple(client.tokenizer.encode("Tell me everything.")))
+        params = GenerationParams(max_new_tokens=4000, ignore_eos=True)
+        task = asyncio.create_task(client.generate(ctx, params))
+        await asyncio.sleep(1.5)
+        assert not task.done()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(50):  # the abort is sent in the background
+            if client.calls["aborted"]:
+                break
+            await asyncio.sleep(0.1)
+        assert client.calls["aborted"] == 1
+        # the server is free again: a short request completes
+        gen = await asyncio.wait_for(client.generate(ctx, GenerationParams(max_new_tokens=4)), timeout=60)
+        assert len(gen.token_ids) == 4
+    finally:
+        await client.close()
