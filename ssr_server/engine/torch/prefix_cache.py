@@ -35,6 +35,7 @@ class CacheEntry:
     last_logits: torch.Tensor  # (vocab,) float32, the distribution after the last context token
     next_pos: int  # the rotary position of the token that follows
     candidates: dict[tuple[int, ...], CandidateKV] = field(default_factory=dict)
+    cache_id: int = -1  # set by PrefixCache.insert
 
     @property
     def nbytes(self) -> int:
@@ -49,13 +50,22 @@ class Match:
 
 
 def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    """Length of the common prefix, in O(common prefix): galloping then binary search.
+
+    The cache holds many contexts of other runs that share only the system prompt with a query;
+    comparing whole keys would cost O(key length) for each of them on every lookup."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case (turn t+1 extends turn t) in one C-level comparison
+    lo, step = 0, 64
+    while lo < n:  # gallop: grow the known-equal prefix while the next block matches
+        hi = min(n, lo + step)
+        if a[lo:hi] != b[lo:hi]:
+            break
+        lo, step = hi, step * 2
+    else:
         return n
-    lo, hi = 0, n
-    while lo < hi:  # binary search on prefix equality
+    while lo < hi:  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: binary search in between
         mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
+        if a[lo:mid] == b[lo:mid]:
             lo = mid
         else:
             hi = mid - 1
@@ -63,10 +73,18 @@ def common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
 
 
 class PrefixCache:
+    """Entries live in an OrderedDict keyed by a small int (LRU order): iterating or reordering an
+    OrderedDict keyed by the token tuples themselves re-hashes a whole tuple per entry (tuples do not
+    cache their hash) - 1.6 ms per lookup at 256 entries of 1,000 tokens, measured."""
+
     def __init__(self, max_bytes: int, max_entries: int = 256) -> None:
         self.max_bytes = max_bytes
         self.max_entries = max_entries
-        self._entries: OrderedDict[tuple[int, ...], CacheEntry] = OrderedDict()
+        self._entries: OrderedDict[int, CacheEntry] = OrderedDict()  # id -> entry, MRU last
+        self._ids: dict[tuple[int, ...], int] = {}  # key -> id: an equal key replaces its entry
+        self._sizes: dict[int, int] = {}
+        self._bytes = 0
+        self._next_id = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -77,44 +95,70 @@ class PrefixCache:
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self._entries.values())
+        return self._bytes
 
     def lookup(self, key: tuple[int, ...]) -> Match | None:
         """The entry sharing the longest prefix with ``key`` (marked most recently used)."""
         with self._lock:
             best: Match | None = None
-            for entry in self._entries.values():
-                n = common_prefix(entry.key, key)
+            best_id = -1
+            # Most recently used first: the previous turn of the same run is usually there and sets
+            # a long best at once; after that an entry is only compared in full if it agrees with the
+            # query on the token just past the best (O(1) for the contexts of other runs).
+            for eid, entry in reversed(self._entries.items()):
+                k = entry.key
+                if best is not None:
+                    b = best.length
+                    if len(k) <= b or b >= len(key) or k[b] != key[b]:
+                        continue
+                n = common_prefix(k, key)
                 if n and (best is None or n > best.length):
-                    best = Match(entry, n)
+                    best, best_id = Match(entry, n), eid
             if best is None:
                 self.misses += 1
                 return None
-            self._entries.move_to_end(best.entry.key)
+            self._entries.move_to_end(best_id)
             self.hits += 1
             self.hit_tokens += best.length
             return best
 
     def insert(self, entry: CacheEntry) -> None:
         with self._lock:
-            self._entries[entry.key] = entry
-            self._entries.move_to_end(entry.key)
+            old = self._ids.get(entry.key)
+            if old is not None:
+                self._remove(old)
+            eid = self._next_id
+            self._next_id += 1
+            entry.cache_id = eid
+            self._entries[eid] = entry
+            self._ids[entry.key] = eid
+            self._sizes[eid] = entry.nbytes
+            self._bytes += self._sizes[eid]
             self._evict()
 
     def touch(self, entry: CacheEntry) -> None:
+        """Mark ``entry`` recently used and account for its new size (it grows when scored)."""
         with self._lock:
-            if entry.key in self._entries:
-                self._entries.move_to_end(entry.key)
+            eid = entry.cache_id
+            if self._entries.get(eid) is entry:
+                self._entries.move_to_end(eid)
+                size = entry.nbytes
+                self._bytes += size - self._sizes[eid]
+                self._sizes[eid] = size
             self._evict()
 
+    def _remove(self, eid: int) -> None:
+        entry = self._entries.pop(eid)
+        self._ids.pop(entry.key, None)
+        self._bytes -= self._sizes.pop(eid)
+
     def _evict(self) -> None:
-        total = sum(e.nbytes for e in self._entries.values())
-        while self._entries and (total > self.max_bytes or len(self._entries) > self.max_entries):
-            if len(self._entries) == 1 and total <= self.max_bytes:
-                break
-            _, old = self._entries.popitem(last=False)
-            total -= old.nbytes
+        while self._entries and (self._bytes > self.max_bytes or len(self._entries) > self.max_entries):
+            self._remove(next(iter(self._entries)))
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._ids.clear()
+            self._sizes.clear()
+            self._bytes = 0
