@@ -20,11 +20,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from ssr_server.engine.base import Context, ImageRef
-from ssr_server.engine.tiny import build_tiny_model
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import LoadedModel, load_model
 from ssr_server.engine.torch.prefix_cache import PrefixCache
@@ -40,20 +38,9 @@ CANDIDATE_TEXTS = (
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    """The tiny model's ops are far too small to split: one intra-op thread is ~10x faster than two
-    on a busy 2-core machine (OpenMP workers spin waiting for each other). Module scope: the setting
-    is restored after each module, so tests outside this directory keep the default."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+def tiny_dir(tiny_model_dir: Path) -> Path:
+    return tiny_model_dir  # the suite's one tiny model (tests/conftest.py)
 
 
 @pytest.fixture(scope="session")
