@@ -19,7 +19,7 @@ IMG=$(mktemp --suffix=.png)
 .venv/bin/python -c "from ssr_server.demo.world import render_image, entities; render_image(entities()[0].id).save('$IMG')"
 echo "demo: asking $URL about $IMG" >&2
 .venv/bin/ssr-server ask --server "$URL" --image "$IMG" --question "What is this landmark and how tall is it?" \
-  --tau 1.0 --seed 7 --max-turns 4
+  --tau 1.0 --seed 3 --max-turns 4
 rm -f "$IMG"
 if [ "${DEMO_ONCE:-0}" = "1" ]; then exit 0; fi
 echo "demo: serving on $URL (Ctrl-C to stop). Try: curl -s $URL/v1/libraries" >&2
