@@ -71,6 +71,7 @@ class Scheduler:
         self._stop = False
         self.batches = 0
         self.max_batch = 0
+        self._pieces: dict[int, str] = {}  # token id -> its text alone (stop-string pre-check)
         self._thread = threading.Thread(target=self._loop, name="ssr-torch-worker", daemon=True)
         self._thread.start()
 
@@ -229,7 +230,21 @@ class Scheduler:
         ))
         return True
 
+    def _piece(self, tok: int) -> str:
+        piece = self._pieces.get(tok)
+        if piece is None:
+            piece = self._pieces[tok] = self.runner.lm.tokenizer.decode([tok], skip_special_tokens=False)
+        return piece
+
     def _tail_has_stop(self, generated: list[int], stops: tuple[str, ...]) -> bool:
+        # A stop string that ended with the newest token ends with a character of that token's text,
+        # so most steps are settled by a dict lookup; a token holding part of a multi-byte character
+        # decodes to U+FFFD on its own and always gets the full check, as do stops ending in white
+        # space (some tokenizers drop a token's leading space when it is decoded alone).
+        piece = self._piece(generated[-1])
+        quick = all(s and not s[-1].isspace() for s in stops) and "\ufffd" not in piece
+        if quick and not any(s[-1] in piece for s in stops):
+            return False
         # Every token holds at least one byte, so a stop string that ended with the newest token lies
         # within its last len(stop in bytes) + 4 tokens.
         n = max(len(s.encode()) for s in stops) + 4
