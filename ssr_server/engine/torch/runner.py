@@ -193,6 +193,10 @@ class ModelRunner:
 
         ``cached[i]``: context tokens of job i found in the prefix cache before this call (default:
         the whole context, i.e. it was prefilled earlier)."""
+        return self.score_results(jobs, self.forward(self.score_chunks(jobs)), cached)
+
+    def score_chunks(self, jobs: list[tuple[CacheEntry, list[list[int]]]]) -> list[Chunk]:
+        """One chunk per candidate, on its context's cached KV (positions restart after the context)."""
         chunks: list[Chunk] = []
         dims = 3 if self.lm.is_vl else 1
         for entry, cands in jobs:
@@ -200,7 +204,11 @@ class ModelRunner:
                 k = len(cand)
                 pos = torch.arange(entry.next_pos, entry.next_pos + k).view(1, -1).expand(dims, -1)
                 chunks.append(Chunk(entry.kv, list(cand), pos, list(range(k)), past_len=entry.kv.length))
-        outs = self.forward(chunks)
+        return chunks
+
+    def score_results(self, jobs: list[tuple[CacheEntry, list[list[int]]]], outs: list[ChunkOut],
+                      cached: Sequence[int] | None = None) -> list[list[CandidateScore]]:
+        """Log-probabilities from the outputs of ``score_chunks``; keeps the candidates' KV."""
         # Token j of a candidate is predicted by the context's last logits (j = 0) or by candidate row
         # j - 1: one log-softmax and one gather over every candidate of every job.
         dists, targets = [], []

@@ -22,7 +22,7 @@ from ssr_server.engine.base import CandidateScore, Context, Generation, Generati
 from ssr_server.engine.stop import find_stop
 from ssr_server.engine.torch.kv import SeqKV
 from ssr_server.engine.torch.prefix_cache import CacheEntry
-from ssr_server.engine.torch.runner import Chunk, ModelRunner, Prepared
+from ssr_server.engine.torch.runner import Chunk, ChunkOut, ModelRunner, Prepared
 from ssr_server.engine.torch.sampling import Sampler
 from ssr_server.errors import EngineError, SSRError
 
@@ -138,16 +138,23 @@ class Scheduler:
                     p.entry = CacheEntry(p.exp.key, p.kv, p.last_logits, p.next_pos)
                     self.runner.cache.insert(p.entry)
                 ready.append((j, p.entry))
-        if ready:
-            results = self.runner.score([(e, j.candidates) for j, e in ready],
-                                        cached=[preps[j].cached_tokens for j, _ in ready])
-            self._note_batch(len(ready))
-            for (j, _), res in zip(ready, results, strict=True):
-                _resolve(j, res)
         for j in gens:
             if j in preps:
                 self._start(j, preps[j])
-        self._decode_step()
+        # Candidate scoring and one decode step of every active generation share ONE forward.
+        score_jobs = [(e, j.candidates) for j, e in ready]
+        score_chunks = self.runner.score_chunks(score_jobs)
+        feeding, decode_chunks = self._decode_chunks()
+        if not score_chunks and not decode_chunks:
+            return
+        outs = self.runner.forward(score_chunks + decode_chunks)
+        self._note_batch(len(ready) + len(feeding))
+        if ready:
+            results = self.runner.score_results(score_jobs, outs[: len(score_chunks)],
+                                                cached=[preps[j].cached_tokens for j, _ in ready])
+            for (j, _), res in zip(ready, results, strict=True):
+                _resolve(j, res)
+        self._decode_update(feeding, outs[len(score_chunks) :])
 
     def _start(self, job: GenerateJob, p: Prepared) -> None:
         if p.entry is not None:  # whole prompt cached: fork so the shared entry stays intact
@@ -162,7 +169,8 @@ class Scheduler:
         seq.logits = p.last_logits
         self._active.append(seq)
 
-    def _decode_step(self) -> None:
+    def _decode_chunks(self) -> tuple[list[_Seq], list[Chunk]]:
+        """Sample each active generation's next token; one-token chunks for those that go on."""
         feeding: list[_Seq] = []
         for seq in self._active:
             if _cancel_if_needed(seq.job):
@@ -173,15 +181,14 @@ class Scheduler:
             if not self._finish_if_done(seq):
                 feeding.append(seq)
         self._active = feeding
-        if not feeding:
-            return
         dims = 3 if self.runner.lm.is_vl else 1
         chunks = []
         for seq in feeding:
             pos = torch.full((dims, 1), seq.next_pos, dtype=torch.long)
             chunks.append(Chunk(seq.kv, [seq.generated[-1]], pos, [0], past_len=seq.kv.length))
-        outs = self.runner.forward(chunks)
-        self._note_batch(len(chunks))
+        return feeding, chunks
+
+    def _decode_update(self, feeding: list[_Seq], outs: list[ChunkOut]) -> None:
         for seq, out in zip(feeding, outs, strict=True):
             if out.inplace:
                 seq.kv.length += 1
