@@ -297,7 +297,7 @@ def run_scoring_bench(model: str | None, shape: str | None, dtype: str, repeats:
 
     # Warm-up (untimed): one prefill + packed score, which also leaves the context cached.
     warm = ModelRunner(lm, PrefixCache(CACHE_BYTES))
-    _packed_cold_into(warm, ctx, cands)
+    warm.score_context(ctx, cands)
 
     naive_ms, packed_ms, prefill_ms, score_ms, cached_ms, free_ms = [], [], [], [], [], []
     diff = 0.0
@@ -356,11 +356,6 @@ def run_scoring_bench(model: str | None, shape: str | None, dtype: str, repeats:
     return result
 
 
-def _packed_cold_into(runner: ModelRunner, ctx: Context, cands: list[list[int]]) -> list[Any]:
-    p = runner.prepare(ctx)
-    runner.prefill([p])
-    assert p.entry is not None
-    return runner.score([(p.entry, cands)])[0]
 
 
 def _transformers_version() -> str:

@@ -35,10 +35,7 @@ def max_diff(a: Sequence[CandidateScore], b: Sequence[CandidateScore]) -> float:
 
 
 def packed(runner: ModelRunner, ctx: Context, cands: list[list[int]]) -> list[CandidateScore]:
-    p = runner.prepare(ctx)
-    runner.prefill([p])
-    assert p.entry is not None
-    return runner.score([(p.entry, cands)])[0]
+    return runner.score_context(ctx, cands)
 
 
 def assert_matches_naive(runner: ModelRunner, ctx: Context, cands: list[list[int]]) -> list[CandidateScore]:

@@ -187,6 +187,13 @@ class ModelRunner:
                 self.cache.insert(p.entry)
 
     # ---- scoring ------------------------------------------------------------------------------
+    def score_context(self, ctx: Context, candidates: list[list[int]]) -> list[CandidateScore]:
+        """Synchronous one-context scoring (benchmarks, tests): resolve, prefill, one packed pass."""
+        p = self.prepare(ctx)
+        self.prefill([p])
+        assert p.entry is not None  # internal invariant: prefill inserts the entry
+        return self.score([(p.entry, candidates)], cached=[p.cached_tokens])[0]
+
     def score(self, jobs: list[tuple[CacheEntry, list[list[int]]]],
               cached: Sequence[int] | None = None) -> list[list[CandidateScore]]:
         """Teacher-forced log-probabilities of every job's candidates, all in one forward.
