@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: set up, start the agent server on the embedded default (offline tiny Qwen3-VL, built
 # on first use), wait until it is ready, and ask it one question about a demo-world image.
-# The server keeps serving afterwards (Ctrl-C stops it); DEMO_ONCE=1 stops it after the answer.
+# The server keeps serving afterwards (Ctrl-C stops it); DEMO_ONCE=1 stops it after the answer and exits
+# 0 when the run answered, non-zero when anything failed (set-up, start-up, the request, no answer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -9,7 +10,15 @@ PORT=${SSR_PORT:-8000}
 URL="http://127.0.0.1:$PORT"
 .venv/bin/ssr-server serve --host 127.0.0.1 --port "$PORT" &
 SERVER=$!
-trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+# Keep the script's own exit status: the server, killed here, exits 143, and a bare `wait` on it in the
+# trap would replace the demo's status (and, under set -e, end the trap early).
+cleanup() {
+  local rc=$?
+  kill "$SERVER" 2>/dev/null || true
+  wait "$SERVER" 2>/dev/null || true
+  exit "$rc"
+}
+trap cleanup EXIT
 for _ in $(seq 1 300); do
   curl -sf "$URL/ready" >/dev/null 2>&1 && break
   kill -0 $SERVER 2>/dev/null || { echo "demo: the server exited during start-up" >&2; exit 1; }
@@ -19,7 +28,7 @@ IMG=$(mktemp --suffix=.png)
 .venv/bin/python -c "from ssr_server.demo.world import render_image, entities; render_image(entities()[0].id).save('$IMG')"
 echo "demo: asking $URL about $IMG" >&2
 .venv/bin/ssr-server ask --server "$URL" --image "$IMG" --question "What is this landmark and how tall is it?" \
-  --tau 1.0 --seed 3 --max-turns 4
+  --tau 1.0 --seed 3 --max-turns 4 --expect-answer
 rm -f "$IMG"
 if [ "${DEMO_ONCE:-0}" = "1" ]; then exit 0; fi
 echo "demo: serving on $URL (Ctrl-C to stop). Try: curl -s $URL/v1/libraries" >&2

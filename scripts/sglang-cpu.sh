@@ -19,6 +19,8 @@ SCRIPT_PATH="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SO
 SCRIPT_DIR="$(dirname "$SCRIPT_PATH")"
 REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
 STUB_DIR="$SCRIPT_DIR/sglang_stubs"
+# shellcheck source=scripts/progress.sh
+. "$SCRIPT_DIR/progress.sh"
 VENV="${SSR_SGLANG_VENV:-$REPO_ROOT/.sglang-venv}"
 case "$VENV" in /*) ;; *) VENV="$REPO_ROOT/$VENV" ;; esac
 BASE_PYTHON="${SSR_SGLANG_PYTHON:-python3}"
@@ -46,7 +48,7 @@ source_hash() {
     cd "$SCRIPT_DIR"
     {
       echo "python=$("$BASE_PYTHON" -c 'import sys; print(sys.version)')"
-      sha256sum "$(basename "$SCRIPT_PATH")"
+      sha256sum "$(basename "$SCRIPT_PATH")" progress.sh
       find sglang_stubs -type f \( -name '*.py' -o -name '*.toml' \) -not -path '*/__pycache__/*' \
         -not -path '*.egg-info/*' -not -path '*/build/*' | LC_ALL=C sort | xargs sha256sum
     } | sha256sum | cut -d' ' -f1
@@ -112,19 +114,18 @@ cmd_venv() {
     log "venv stale (sources changed) or unfinished: rebuilding $VENV"
     rm -rf "$VENV"
   fi
-  log "creating venv at $VENV with $("$BASE_PYTHON" --version 2>&1)"
+  log "creating venv at $VENV (70-150 s here) with $("$BASE_PYTHON" --version 2>&1)"
   "$BASE_PYTHON" -m venv "$VENV"
-  local pip=("$VENV/bin/python" -m pip install --progress-bar off)
+  local pip=("$VENV/bin/python" -m pip install -q --progress-bar off)
   # Our own cap so nothing pulls a CUDA torch in as a dependency.
   local cons="$VENV/ssr-constraints.txt"
   printf 'torch==%s\n' "$TORCH_VERSION" >"$cons"
 
-  log "1/6 torch==$TORCH_VERSION (CPU wheel)"
-  "${pip[@]}" -c "$cons" "torch==$TORCH_VERSION"
-  log "2/6 sglang==$SGLANG_VERSION triton torchvision (no deps)"
-  "${pip[@]}" -c "$cons" --no-deps "sglang==$SGLANG_VERSION" "triton==3.9.0" "torchvision==0.28.0"
-  log "3/6 the packages SGLang really imports on the CPU path"
-  "${pip[@]}" -c "$cons" "${REAL_IMPORTS[@]}"
+  progress_step "[sglang-cpu] 1/6 torch==$TORCH_VERSION (CPU wheel)" "${pip[@]}" -c "$cons" "torch==$TORCH_VERSION"
+  progress_step "[sglang-cpu] 2/6 sglang==$SGLANG_VERSION triton torchvision (no deps)" \
+    "${pip[@]}" -c "$cons" --no-deps "sglang==$SGLANG_VERSION" "triton==3.9.0" "torchvision==0.28.0"
+  progress_step "[sglang-cpu] 3/6 the packages SGLang really imports on the CPU path" \
+    "${pip[@]}" -c "$cons" "${REAL_IMPORTS[@]}"
   log "4/6 patching torchvision's fake-op registrations"
   patch_torchvision
   log "5/6 stand-in sgl_kernel from $STUB_DIR"
@@ -134,8 +135,8 @@ cmd_venv() {
   cp -r "$STUB_DIR/." "$stub_tmp/"
   "${pip[@]}" --no-deps --no-build-isolation "$stub_tmp"
   rm -rf "$stub_tmp"
-  log "6/6 this project (editable, no deps; typer for the ssr-server CLI entry)"
-  "${pip[@]}" --no-deps --no-build-isolation -e "$REPO_ROOT"
+  progress_step "[sglang-cpu] 6/6 this project (editable, no deps; typer for the ssr-server CLI entry)" \
+    "${pip[@]}" --no-deps --no-build-isolation -e "$REPO_ROOT"
   "${pip[@]}" -c "$cons" typer
 
   log "smoke test: importing sglang's server modules"

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The test command: set up everything from the project's own files, lint, type-check, run the suite.
-# Includes the real SGLang CPU harness (its own cached venv) and promtool for the alert rules.
+# Includes the real SGLang CPU harness (its own cached venv) and promtool (Debian package prometheus,
+# installed with apt-get when missing) for the alert rules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/progress.sh
+. scripts/progress.sh
 bash scripts/setup.sh
 if ! command -v promtool >/dev/null 2>&1; then
-  echo "test: installing promtool (Debian package prometheus)" >&2
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) >/dev/null
+  progress_step "test: installing promtool (Debian package prometheus, apt-get)" \
+    bash -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null'
 fi
 bash scripts/sglang-cpu.sh venv
 .venv/bin/ruff check .

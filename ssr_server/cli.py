@@ -75,6 +75,7 @@ def ask(
     max_turns: Annotated[int, typer.Option()] = 6,
     as_json: Annotated[bool, typer.Option("--json", help="print the whole run as JSON")] = False,
     api_key: Annotated[str | None, typer.Option(envvar="SSR_API_KEY")] = None,
+    expect_answer: Annotated[bool, typer.Option(help="exit 2 unless the run ends with an answer")] = False,
 ) -> None:
     """One run from the command line, in process or against a server."""
     import base64
@@ -97,6 +98,9 @@ def ask(
         print(json.dumps(run, indent=1))
     else:
         _print_run(run)
+    if expect_answer and run["outcome"] != "answered":
+        typer.echo(f"the run ended without an answer (outcome {run['outcome']})", err=True)
+        raise typer.Exit(2)
 
 
 async def _ask_local(question: str, images: list[bytes], model: str | None, mode: str, library: str,

@@ -6,7 +6,8 @@ Side by side, on one context (~700 tokens, an image for a VL model) and the defa
 - route: our /ssr/score (context once, then the K rows on the cached context), cold and warm;
 - two-step: the same over plain /generate (what the client does behind SGLang's router), cold and warm;
 - freeform: 128 greedy tokens from the same context (EOS ignored), the baseline.
-SGLang's /flush_cache empties the radix cache between the cold measurements.
+SGLang's /flush_cache empties the radix cache between the cold measurements (``SGLangEngine.flush_cache``
+waits until SGLang is idle: it refuses to flush while a request still counts as running).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
-
-import httpx
 
 from ssr_server.engine.base import CandidateScore, Context, GenerationParams
 from ssr_server.engine.sglang.client import SGLangEngine
@@ -32,18 +31,10 @@ async def _timed(fn: Callable[[], Awaitable[T]]) -> tuple[float, T]:
     return (time.perf_counter() - t0) * 1e3, out
 
 
-async def _flush(client: httpx.AsyncClient) -> None:
-    resp = await client.post("/flush_cache", timeout=30)
-    if resp.status_code != 200:
-        raise RuntimeError(f"SGLang /flush_cache answered {resp.status_code}: {resp.text[:200]}")
-    await asyncio.sleep(0.05)  # the flush is asynchronous in the scheduler
-
-
-async def _naive(engine: SGLangEngine, client: httpx.AsyncClient, ctx: Context,
-                 cands: list[list[int]]) -> list[CandidateScore]:
+async def _naive(engine: SGLangEngine, ctx: Context, cands: list[list[int]]) -> list[CandidateScore]:
     out: list[CandidateScore] = []
     for cand in cands:
-        await _flush(client)
+        await engine.flush_cache()
         out += await engine.score(ctx, [cand])
     return out
 
@@ -65,25 +56,24 @@ async def run(url: str, model_dir: str, repeats: int, freeform_tokens: int = 128
     times: dict[str, list[float]] = {k: [] for k in (
         "naive", "route_cold", "route_warm", "two_step_cold", "two_step_warm", "freeform")}
     diffs: list[float] = []
-    async with httpx.AsyncClient(base_url=url.rstrip("/"), trust_env=False) as client:
-        try:
-            await route.score(ctx, cands)  # warm-up (first image request is slow)
-            for _ in range(repeats):
-                ms, naive = await _timed(lambda: _naive(two, client, ctx, cands))
-                times["naive"].append(ms)
-                for name, eng in (("route", route), ("two_step", two)):
-                    await _flush(client)
-                    ms, cold = await _timed(lambda eng=eng: eng.score(ctx, cands))  # type: ignore[misc]
-                    times[f"{name}_cold"].append(ms)
-                    ms, warm = await _timed(lambda eng=eng: eng.score(ctx, cands))  # type: ignore[misc]
-                    times[f"{name}_warm"].append(ms)
-                    diffs += [_diff(cold, naive), _diff(warm, naive)]
-                ms, _ = await _timed(lambda: route.generate(ctx, GenerationParams(
-                    max_new_tokens=freeform_tokens, ignore_eos=True)))
-                times["freeform"].append(ms)
-        finally:
-            await route.close()
-            await two.close()
+    try:
+        await route.score(ctx, cands)  # warm-up (first image request is slow)
+        for _ in range(repeats):
+            ms, naive = await _timed(lambda: _naive(two, ctx, cands))
+            times["naive"].append(ms)
+            for name, eng in (("route", route), ("two_step", two)):
+                await eng.flush_cache()
+                ms, cold = await _timed(lambda eng=eng: eng.score(ctx, cands))  # type: ignore[misc]
+                times[f"{name}_cold"].append(ms)
+                ms, warm = await _timed(lambda eng=eng: eng.score(ctx, cands))  # type: ignore[misc]
+                times[f"{name}_warm"].append(ms)
+                diffs += [_diff(cold, naive), _diff(warm, naive)]
+            ms, _ = await _timed(lambda: route.generate(ctx, GenerationParams(
+                max_new_tokens=freeform_tokens, ignore_eos=True)))
+            times["freeform"].append(ms)
+    finally:
+        await route.close()
+        await two.close()
     med = {k: statistics.median(v) for k, v in times.items()}
     per_token = med["freeform"] / freeform_tokens
     return {

@@ -17,13 +17,14 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
-from PIL import Image
+from PIL import Image, ImageFile
 
 from ssr_server.api.images import (
     ALLOWED_FORMATS,
@@ -133,10 +134,10 @@ def test_decompression_bombs_are_payload_too_large(size: tuple[int, int], max_pi
     above Pillow's): always a 413, never an unhandled error, never decoded (25 MB to 4 GB each)."""
     data = huge_png(*size) if size[0] <= 20000 else _header_only_png(*size)
     assert len(data) < 1_000_000
-    t0 = time.perf_counter()
-    with pytest.raises(PayloadTooLarge):
+    # refused from the header: decoding the pixels (ImageFile.load) would fail the test
+    with mock.patch.object(ImageFile.ImageFile, "load", side_effect=AssertionError("decoded")), \
+            pytest.raises(PayloadTooLarge):
         decode_image_bytes(data, ImageLimits(max_pixels=max_pixels))
-    assert time.perf_counter() - t0 < 2.0
 
 
 def _header_only_png(width: int, height: int) -> bytes:
@@ -449,10 +450,9 @@ async def test_slow_servers_time_out(server: tuple[str, list[Any]]) -> None:
     url, _ = server
     limits = ImageLimits(allow_private=True, timeout_s=0.3)
     for path in ("/slow", "/drip"):  # no answer; an answer trickling in under any per-read timeout
-        t0 = time.perf_counter()
+        # "longer than" is only said by the whole-fetch deadline (a read timeout would say "failed")
         with pytest.raises(InvalidImage, match="longer than"):
             await fetch_url(url + path, limits)
-        assert time.perf_counter() - t0 < 1.5
 
 
 @pytest.mark.parametrize("code", [204, 404, 403, 500, 503])

@@ -136,7 +136,6 @@ async def test_run_deadline_ends_with_timeout_and_partial_turns(serve: Any, long
             assert run["outcome"] == "timeout", (run["outcome"], deadline, turn_s)
             assert "deadline" in (run["error"] or "")
             assert 1 <= len(run["turns"]) < 12, len(run["turns"])
-            assert run["timings"]["total_s"] < deadline + 1.0
             # the same through the stream: turn events, then the run with outcome timeout
             r = await client.post("/v1/agent/runs", json={**body, "stream": True})
             assert r.status_code == 200

@@ -83,10 +83,7 @@ async def test_client_gone_mid_run_cancels_engine_work(live: Any, long_run: Any,
         request.cancel()  # closes the connection mid-response
         with pytest.raises(asyncio.CancelledError):
             await request
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
     assert await asyncio.to_thread(poll, settled, DRAIN_S), "the run was not cancelled"
-    assert loop.time() - t0 < DRAIN_S
     assert _cancelled(read_metric, live.url) == cancelled + 1
     await _assert_still_serving(live.url)
 

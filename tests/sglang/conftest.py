@@ -1,7 +1,7 @@
 """A real SGLang server (CPU harness, scripts/sglang-cpu.sh) serving the tiny Qwen3-VL, for the session.
 
-The first run builds SGLang's own venv (about 90 s; cached by a hash of the script and stub sources),
-then each session builds the tiny model (a few seconds) and starts the server (about 25 s).
+The first run builds SGLang's own venv (70-150 s on these machines; cached by a hash of the script
+and stub sources), then each session builds the tiny model (a few seconds) and starts the server (about 25 s).
 Set SSR_SGLANG_TESTS=0 to skip these tests; SSR_SGLANG_VENV picks another venv.
 """
 

@@ -141,3 +141,36 @@ async def test_cancelled_generation_is_aborted_on_sglang(sglang_url: str, tiny_m
         assert len(gen.token_ids) == 4
     finally:
         await client.close()
+
+
+async def test_flush_cache_waits_for_a_running_request(sglang_url: str, tiny_model_dir: Path) -> None:
+    """SGLang refuses a plain flush while a request runs (the CI failure of issue 10); ``flush_cache``
+    waits for SGLang to be idle instead of failing."""
+    import httpx
+
+    client = SGLangEngine(sglang_url, model=str(tiny_model_dir))
+    ids = client.tokenizer.encode("Tell me everything.")
+    body = {"input_ids": ids, "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0}}
+    first_chunk = asyncio.Event()
+
+    async def stream() -> int:
+        chunks = 0
+        async with httpx.AsyncClient(base_url=sglang_url, timeout=300, trust_env=False) as raw, \
+                raw.stream("POST", "/generate", json=body) as resp:
+            async for line in resp.aiter_lines():
+                if line.startswith("data:") and "[DONE]" not in line:
+                    chunks += 1
+                    first_chunk.set()
+        return chunks
+
+    try:
+        task = asyncio.create_task(stream())
+        await asyncio.wait_for(first_chunk.wait(), timeout=120)  # the request is running now
+        async with httpx.AsyncClient(base_url=sglang_url, timeout=60, trust_env=False) as raw:
+            refused = await raw.post("/flush_cache")
+        assert refused.status_code == 400, refused.text  # what the bench used to do: refused
+        await client.flush_cache(timeout_s=300)  # waits until the generation is over, then flushes
+        assert await asyncio.wait_for(task, timeout=300) > 0
+    finally:
+        await client.close()

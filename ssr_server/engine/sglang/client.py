@@ -209,6 +209,33 @@ class SGLangEngine:
             stop_text=stop_text, timings={"generate_s": time.perf_counter() - t0},
         )
 
+    async def flush_cache(self, timeout_s: float = 60.0) -> None:
+        """Empty SGLang's radix cache (benchmarks measure cold scoring with it).
+
+        SGLang refuses a flush while any request is queued or running, and a request whose answer has
+        just arrived can still count as running for a moment (seen on a busy machine: ``#running-req:
+        1`` after every response was in). ``?timeout=`` makes SGLang's scheduler wait until it is idle
+        before flushing; a refusal (another flush in progress, still busy) is retried until
+        ``timeout_s`` has passed, then ``EngineError`` says why.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        reason = "no answer yet"
+        while (left := deadline - loop.time()) > 0:
+            wait_s = min(left, 10.0)
+            try:
+                resp = await self._client.post("/flush_cache", params={"timeout": f"{wait_s:.3f}"},
+                                               timeout=wait_s + 10.0)
+            except httpx.HTTPError as exc:
+                raise EngineUnavailable(f"SGLang at {self.url} failed on /flush_cache: "
+                                        f"{type(exc).__name__}") from None
+            if resp.status_code == 200:
+                return
+            reason = f"HTTP {resp.status_code}: {resp.text.strip()[:200]}"
+            await asyncio.sleep(min(0.2, max(0.0, deadline - loop.time())))
+        raise EngineError(f"SGLang at {self.url} did not flush its cache within {timeout_s:g} s "
+                          f"(it refuses while requests are queued or running); last answer: {reason}")
+
     async def ready(self) -> bool:
         try:
             resp = await self._client.get("/health", timeout=3.0)
