@@ -72,6 +72,21 @@ FinishReason = Literal["stop", "length", "eos"]
 
 
 @dataclass(frozen=True)
+class Grammar:
+    """A constraint on generated text, in the forms SGLang's sampling parameters take.
+
+    ``kind`` is ``json_schema`` (``source`` is the schema as JSON text, canonical whitespace: no
+    optional spaces or newlines between JSON tokens), ``ebnf`` (xgrammar's EBNF with a ``root`` rule)
+    or ``regex``. Engines mask every token that would leave the language and finish the generation
+    (``finish_reason`` ``"stop"``, ``stop_text`` None) as soon as the text is complete, i.e. when no
+    token but end-of-sequence is allowed; the end-of-sequence token itself is not returned.
+    """
+
+    kind: Literal["json_schema", "ebnf", "regex"]
+    source: str
+
+
+@dataclass(frozen=True)
 class GenerationParams:
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 = greedy
@@ -80,6 +95,7 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False  # benchmarks: decode exactly max_new_tokens
+    grammar: Grammar | None = None  # constrained decoding (tool-call arguments, answers)
     # Text forced at the start of the output (already part of the prompt); stop strings are searched
     # only in the generated text after it.
 
