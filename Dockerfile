@@ -18,7 +18,8 @@ ARG APP_UID=10001
 # --- wheel: build the project once; both targets install the same wheel --------------------------------
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
+COPY candidates ./candidates
 COPY ssr_server ./ssr_server
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 

@@ -24,11 +24,20 @@ for _ in $(seq 1 300); do
   kill -0 $SERVER 2>/dev/null || { echo "demo: the server exited during start-up" >&2; exit 1; }
   sleep 0.5
 done
-IMG=$(mktemp --suffix=.png)
-.venv/bin/python -c "from ssr_server.demo.world import render_image, entities; render_image(entities()[0].id).save('$IMG')"
-echo "demo: asking $URL about $IMG" >&2
-.venv/bin/ssr-server ask --server "$URL" --image "$IMG" --question "What is this landmark and how tall is it?" \
-  --tau 1.0 --seed 3 --max-turns 4 --expect-answer
+# The demo world's headline question: a landmark's height from its picture alone (image search, then
+# text search). The server serves the same preset of the benchmark world.
+IMG=$(mktemp --suffix=.jpg)
+QUESTION=$(.venv/bin/python - "$IMG" <<'PY'
+import shutil, sys, tempfile
+from ssr_server.world import demo_questions, demo_world, showcase_question
+world = demo_world(tempfile.mkdtemp(prefix="ssr-demo-"))
+question = showcase_question(demo_questions(world))
+shutil.copy(world.root / question.image, sys.argv[1])
+print(question.question)
+PY
+)
+echo "demo: asking $URL \"$QUESTION\" about $IMG" >&2
+.venv/bin/ssr-server ask --server "$URL" --image "$IMG" --question "$QUESTION" --max-turns 4 --expect-answer
 rm -f "$IMG"
 if [ "${DEMO_ONCE:-0}" = "1" ]; then exit 0; fi
 echo "demo: serving on $URL (Ctrl-C to stop). Try: curl -s $URL/v1/libraries" >&2

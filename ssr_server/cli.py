@@ -1,10 +1,10 @@
-"""``ssr-server``: serve | ask | bench | tiny-model | sglang-launch | loadtest."""
+"""``ssr-server``: serve | ask | infer | eval | world | train | bench | tiny-model | sglang-launch |
+loadtest."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,17 +32,26 @@ def serve(
     sglang_url: Annotated[str | None, typer.Option()] = None,
     log_level: Annotated[str, typer.Option()] = "info",
 ) -> None:
-    """Run the agent server (FastAPI on uvicorn). Settings also come from SSR_* variables."""
+    """Run the agent server (FastAPI on uvicorn). Settings also come from SSR_* variables.
+
+    SIGTERM/SIGINT drains: the socket stays open (new runs get 503 shutting_down), runs in flight
+    finish until SSR_DRAIN_TIMEOUT_S, what still runs then is cancelled (JSON 503); a second signal
+    exits at once."""
     import logging
 
     import uvicorn
 
-    from ssr_server.api.app import create_app
+    from ssr_server.api.app import create_app, drain_app
+    from ssr_server.api.shutdown import GRACEFUL_S, DrainingServer
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = _settings(engine=engine, model=model, host=host, port=port, dtype=dtype, sglang_url=sglang_url)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=log_level,
-                timeout_graceful_shutdown=math.ceil(settings.drain_timeout_s))
+    application = create_app(settings)
+    # The drain happens before uvicorn's own shutdown, whose graceful wait then only sees idle
+    # connections: a short bound, not the drain timeout a second time.
+    config = uvicorn.Config(application, host=settings.host, port=settings.port, log_level=log_level,
+                            timeout_graceful_shutdown=GRACEFUL_S)
+    DrainingServer(config, drain=lambda: drain_app(application)).run()
 
 
 def _print_run(run: dict[str, Any]) -> None:
@@ -105,24 +114,18 @@ def ask(
 
 async def _ask_local(question: str, images: list[bytes], model: str | None, mode: str, library: str,
                      tau: float, seed: int | None, max_turns: int) -> dict[str, Any]:
-    from ssr_server.agent.loop import Agent, RunOptions
-    from ssr_server.api.app import build_tools
+    from ssr_server.agent.loop import RunOptions
     from ssr_server.api.images import ImageLimits, decode_image_bytes
-    from ssr_server.engine.factory import build_engine
-    from ssr_server.library import LibraryRegistry
 
-    settings = _settings(model=model)
-    engine = build_engine(settings)
-    tools = build_tools(settings)
+    agent = _local_agent(_settings(model=model))
     try:
         refs = [decode_image_bytes(b, ImageLimits()) for b in images]
-        agent = Agent(engine, tools, LibraryRegistry(settings.library_dirs))
         run = await agent.run(question, refs, RunOptions(mode=mode, library=library, tau=tau, seed=seed,
                                                          max_turns=max_turns))
-        return run.to_dict()
+        return dict(run.to_dict())
     finally:
-        await tools.aclose()
-        await engine.close()
+        await agent.tools.aclose()
+        await agent.engine.close()
 
 
 @app.command("tiny-model")
@@ -185,14 +188,46 @@ def bench_serve(
     max_turns: Annotated[int, typer.Option()] = 4,
     repeats: Annotated[int, typer.Option(help="repeat each level; the median is reported")] = 1,
     json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+    mixed: Annotated[bool, typer.Option(help="also the mixed-load case (decoding during a prefill)")] = True,
+    mixed_only: Annotated[bool, typer.Option(help="only the mixed-load case")] = False,
+    warm_start: Annotated[bool, typer.Option(help="each level starts with the system prompt cached")] = False,
 ) -> None:
-    """Runs/s and per-turn reasoning p95 at several concurrencies, one real server, side by side."""
+    """Runs/s and per-turn reasoning p95 at several concurrencies, one real server, side by side;
+    inter-token latency of a decoding run while another run prefills a ~4,000-token context."""
     from ssr_server.bench import serve as serve_bench
 
     result = serve_bench.run_serve_bench(model=model, concurrencies=tuple(concurrency or (1, 4, 8)),
                                          runs_per_level=runs, max_turns=max_turns, json_path=json_path,
-                                         repeats=repeats)
+                                         repeats=repeats, mixed=mixed, mixed_only=mixed_only,
+                                         warm_start=warm_start)
     typer.echo(serve_bench.format_table(result))
+
+
+@bench_app.command("overload")
+def bench_overload(
+    running: Annotated[int, typer.Option(help="SSR_MAX_CONCURRENT_RUNS of the server")] = 16,
+    queued: Annotated[int, typer.Option(help="SSR_MAX_QUEUED_RUNS of the server")] = 64,
+    factor: Annotated[int, typer.Option(help="send factor x (running + queued) requests at once")] = 4,
+    images: Annotated[int, typer.Option(help="16 MP PNGs per request")] = 4,
+    keep_pixels: Annotated[int | None, typer.Option(
+        help="SSR_IMAGE_KEEP_PIXELS (default: the server's; 0: keep full size)")] = None,
+    decode_concurrency: Annotated[int, typer.Option(help="SSR_IMAGE_DECODE_CONCURRENCY")] = 2,
+    prefix_cache_mb: Annotated[int | None, typer.Option(
+        help="SSR_PREFIX_CACHE_MB (default: the server's); the KV cache grows with runs served")] = None,
+    model: Annotated[str | None, typer.Option(help="model dir (default: the offline tiny model)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds for all the answers")] = 600.0,
+    json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+) -> None:
+    """Peak RSS of a real `ssr-server serve` sent 4x its capacity at once, with 16 MP images."""
+    from ssr_server.bench import overload
+
+    result = overload.run_overload_bench(running=running, queued=queued, factor=factor, images=images,
+                                         keep_pixels=keep_pixels, decode_concurrency=decode_concurrency,
+                                         prefix_cache_mb=prefix_cache_mb, model=model, timeout_s=timeout,
+                                         json_path=json_path)
+    typer.echo(overload.format_table(result))
+    if not result.passed:
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -226,6 +261,265 @@ def loadtest(
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     typer.echo(format_table(summary))
+
+
+world_app = typer.Typer(no_args_is_help=True, help="The procedural benchmark world.")
+app.add_typer(world_app, name="world")
+
+
+@world_app.command("build")
+def world_build(
+    out_dir: Annotated[Path, typer.Argument(help="folder to write the world into")],
+    entities: Annotated[int, typer.Option(help="invented entities (plus the fixed knowledge ones)")] = 5000,
+    seed: Annotated[int, typer.Option()] = 0,
+    processes: Annotated[int, typer.Option(help="drawing processes")] = 2,
+    image_rank: Annotated[int, typer.Option(help="image search must list the entity within this rank")] = 1,
+) -> None:
+    """Entities, corpus, image index, question images and questions with gold moves; same seed, same bytes."""
+    from ssr_server.errors import InvalidRequest
+    from ssr_server.world import build_world
+
+    try:
+        report = build_world(out_dir, entities, seed, processes=processes, progress=True,
+                             image_rank=image_rank)
+    except InvalidRequest as exc:
+        raise typer.BadParameter(exc.message) from None
+    typer.echo(report.summary())
+
+
+def _local_agent(settings: Any, world: Path | None = None) -> Any:
+    """The agent on the configured embedded engine, tools from ``world`` (a ``world build`` folder) or
+    the settings (the demo world when none is set), libraries and format from the settings."""
+    from ssr_server.agent.loop import Agent
+    from ssr_server.api.app import build_tools
+    from ssr_server.engine.factory import build_engine
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.tools.registry import build_registry
+
+    engine = build_engine(settings)
+    tools = (build_registry(corpus_path=world / "corpus.jsonl", image_index_dir=world / "images")
+             if world is not None else build_tools(settings))
+    return Agent(engine, tools, LibraryRegistry(settings.library_dirs),
+                 get_format(settings.prompt_format, settings.format_dirs))
+
+
+@app.command()
+def infer(
+    input_jsonl: Annotated[Path, typer.Option(help="one example a line: {id?, image, question}")],
+    output: Annotated[Path, typer.Option(help="a new or empty folder for the trajectories")],
+    num_samples: Annotated[int, typer.Option(min=1, help="runs per example")] = 1,
+    seed: Annotated[int, typer.Option(help="selection seed of the first sample")] = 42,
+    profiling: Annotated[bool, typer.Option(help="print the latency summary")] = False,
+    model: Annotated[str | None, typer.Option(help="model dir or hub id (default: offline tiny)")] = None,
+    server: Annotated[str | None, typer.Option(help="run against a running server (URL) instead")] = None,
+    world: Annotated[Path | None, typer.Option(help="tools over a `world build` folder (in process)")] = None,
+    mode: Annotated[str, typer.Option(help="ssr | freeform")] = "ssr",
+    library: Annotated[str, typer.Option()] = "default",
+    tau: Annotated[float, typer.Option()] = 0.0,
+    alpha: Annotated[float, typer.Option()] = 1.0,
+    max_turns: Annotated[int, typer.Option()] = 8,
+    action_temperature: Annotated[float, typer.Option(help="0: greedy actions")] = 0.0,
+    concurrency: Annotated[int, typer.Option(min=1)] = 1,
+    api_key: Annotated[str | None, typer.Option(envvar="SSR_API_KEY")] = None,
+) -> None:
+    """Batch inference like the SSR reference harness: trajectories and a profiling summary."""
+    from ssr_server.agent.loop import RunOptions
+    from ssr_server.batch import infer as batch
+    from ssr_server.batch.runner import LocalRunner, RemoteRunner
+    from ssr_server.errors import InvalidRequest
+
+    options = RunOptions(mode=mode, library=library, tau=tau, alpha=alpha, max_turns=max_turns,
+                         action_temperature=action_temperature)
+    try:
+        options.validate()
+        examples = batch.read_examples(input_jsonl)
+    except InvalidRequest as exc:
+        raise typer.BadParameter(exc.message) from None
+    settings_out = {"input_jsonl": str(input_jsonl), "num_samples": num_samples, "seed": seed, "mode": mode,
+                    "library": library, "tau": tau, "alpha": alpha, "max_turns": max_turns,
+                    "action_temperature": action_temperature, "server": server}
+
+    async def main() -> dict[str, Any]:
+        if server is not None:
+            batch.prepare_output(output, settings_out, None)
+            remote = RemoteRunner(server, api_key)
+            try:
+                return await batch.infer(examples, remote, output, options, num_samples=num_samples,
+                                         seed=seed, concurrency=concurrency)
+            finally:
+                await remote.aclose()
+        agent = await asyncio.to_thread(_local_agent, _settings(model=model), world)
+        try:
+            lib = agent.library_for(options)
+            ids = agent.candidate_ids(lib, options.label_only)
+            extra = {"model": agent.engine.model_name, "format": agent.format.name, "candidates": [
+                {"id": c.id, "text": c.text, "action": c.action, "token_ids": list(t)}
+                for c, t in zip(lib.candidates, ids, strict=True)]}
+            batch.prepare_output(output, {**settings_out, **extra}, agent.format.system_prompt(lib))
+            return await batch.infer(examples, LocalRunner(agent), output, options, num_samples=num_samples,
+                                     seed=seed, concurrency=concurrency)
+        finally:
+            await agent.tools.aclose()
+            await agent.engine.close()
+
+    try:
+        profile = asyncio.run(main())
+    except InvalidRequest as exc:
+        raise typer.BadParameter(exc.message) from None
+    typer.echo(f"trajectories written to {output}")
+    if profiling:
+        typer.echo(batch.format_summary(profile["summary"]))
+
+
+@world_app.command("trajectories")
+def world_trajectories(
+    world: Annotated[Path, typer.Argument(help="a `world build` folder")],
+    out: Annotated[Path, typer.Option(help="JSONL file of trajectories (text, in the default format)")],
+    mode: Annotated[str, typer.Option(help="ssr | freeform")] = "ssr",
+    split: Annotated[str, typer.Option(help="train | dev | test")] = "train",
+    limit: Annotated[int | None, typer.Option(help="at most N questions, round-robin on kinds")] = None,
+    model: Annotated[str | None, typer.Option(help="whose tokenizer (default: the offline model)")] = None,
+) -> None:
+    """Oracle trajectories: each question's gold moves played through the real loop and tools."""
+    from ssr_server.eval.trajectories import write_trajectories
+
+    n, problems = asyncio.run(write_trajectories(world, out, mode=mode, split=split, limit=limit,
+                                                 settings=_settings(model=model)))
+    typer.echo(f"{n} trajectories written to {out}; oracle replay success {n - problems}/{n}")
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command("eval")
+def eval_command(
+    world: Annotated[Path, typer.Option(help="a `world build` folder (questions, corpus, image index)")],
+    json_path: Annotated[Path, typer.Option("--json", help="every per-question record and the summary")],
+    model: Annotated[str | None, typer.Option(help="model dir (default: the offline tiny model)")] = None,
+    server: Annotated[str | None, typer.Option(help="a running server serving the same world")] = None,
+    mode: Annotated[str, typer.Option(help="ssr | freeform")] = "ssr",
+    split: Annotated[str, typer.Option(help="train | dev | test")] = "test",
+    library: Annotated[str, typer.Option()] = "default",
+    label_only: Annotated[bool, typer.Option(help="score only the candidates' labels (ablation)")] = False,
+    limit: Annotated[int | None, typer.Option(help="at most N questions, round-robin on kinds")] = None,
+    concurrency: Annotated[int, typer.Option(min=1)] = 1,
+    max_turns: Annotated[int, typer.Option()] = 6,
+    reasoning_budget: Annotated[int, typer.Option(help="freeform: reasoning tokens per turn")] = 128,
+    seed: Annotated[int, typer.Option()] = 0,
+    api_key: Annotated[str | None, typer.Option(envvar="SSR_API_KEY")] = None,
+) -> None:
+    """Task success, move accuracy and latency on a benchmark split, per question kind."""
+    from ssr_server.agent.loop import RunOptions
+    from ssr_server.batch.runner import LocalRunner, RemoteRunner, Runner
+    from ssr_server.eval.report import format_summary
+    from ssr_server.eval.runner import run_eval, select_questions, write_eval
+    from ssr_server.library import LibraryRegistry
+
+    questions = select_questions(world, split, limit)
+    if not questions:
+        raise typer.BadParameter(f"no {split} questions in {world}")
+    options = RunOptions(mode=mode, library=library, label_only=label_only, max_turns=max_turns,
+                         reasoning_budget=reasoning_budget)
+    settings = _settings(model=model)
+    lib = LibraryRegistry(settings.library_dirs).get(library)
+    actions: dict[str, str] = {c.id: c.action for c in lib.candidates}
+    meta: dict[str, Any] = {
+        "world": str(world), "split": split, "mode": mode, "library": library, "label_only": label_only,
+        "questions": len(questions), "max_turns": max_turns, "server": server, "model": model, "seed": seed}
+
+    async def main() -> list[dict[str, Any]]:
+        runner: Runner
+        if server is not None:
+            remote = RemoteRunner(server, api_key)
+            try:
+                return await run_eval(questions, remote, world, options, actions, concurrency=concurrency,
+                                      seed=seed)
+            finally:
+                await remote.aclose()
+        agent = await asyncio.to_thread(_local_agent, settings, world)
+        runner = LocalRunner(agent)
+        try:
+            meta["model"] = agent.engine.model_name
+            return await run_eval(questions, runner, world, options, actions, concurrency=concurrency,
+                                  seed=seed)
+        finally:
+            await agent.tools.aclose()
+            await agent.engine.close()
+
+    records = asyncio.run(main())
+    summary = write_eval(json_path, meta, records)
+    typer.echo(format_summary(summary, f"eval {mode} on {split} ({len(records)} questions) - {json_path}"))
+
+
+train_app = typer.Typer(no_args_is_help=True, help="Train a selector: SFT and SSR-GRPO on a world.")
+app.add_typer(train_app, name="train")
+
+
+@train_app.command("sft")
+def train_sft_command(
+    world: Annotated[Path, typer.Option(help="a `world build` folder")],
+    out: Annotated[Path, typer.Option(help="where the model goes (resumes from its checkpoints)")],
+    format: Annotated[str, typer.Option(help="ssr | freeform: the trajectories' form")] = "ssr",
+    init: Annotated[str, typer.Option(help="a shape HxL (fresh model) or a model folder")] = "256x4",
+    library: Annotated[str, typer.Option(help="the rationale library (ssr form)")] = "default",
+    label_only: Annotated[bool, typer.Option(help="train on index labels instead of texts")] = False,
+    steps: Annotated[int, typer.Option(min=1)] = 1500,
+    batch_size: Annotated[int, typer.Option(min=1)] = 16,
+    lr: Annotated[float, typer.Option()] = 1e-3,
+    seed: Annotated[int, typer.Option()] = 0,
+    limit: Annotated[int | None, typer.Option(help="at most this many training questions")] = None,
+    paraphrases: Annotated[int, typer.Option(min=1, help="freeform: reasoning paraphrases each")] = 2,
+    max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 28.0,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
+) -> None:
+    """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
+    from ssr_server.train.sft import SFTConfig, train_sft
+
+    if format not in ("ssr", "freeform"):
+        raise typer.BadParameter("format must be ssr or freeform")
+    figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
+                                  label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
+                                  limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
+                                  threads=threads))
+    typer.echo(json.dumps(figures, indent=1, default=str))
+    typer.echo(f"model written to {out}")
+
+
+@train_app.command("grpo")
+def train_grpo_command(
+    world: Annotated[Path, typer.Option(help="a `world build` folder")],
+    init: Annotated[Path, typer.Option(help="the SFT model to start from")],
+    out: Annotated[Path, typer.Option(help="where the model goes (resumes from its checkpoints)")],
+    format: Annotated[str, typer.Option(help="ssr | freeform")] = "ssr",
+    iterations: Annotated[int, typer.Option(min=1)] = 20,
+    questions: Annotated[int, typer.Option(min=1, help="questions per iteration")] = 8,
+    group: Annotated[int, typer.Option(min=2, help="rollouts per question (G)")] = 8,
+    epochs: Annotated[int, typer.Option(min=1, help="update epochs per rollout batch")] = 2,
+    lr: Annotated[float, typer.Option()] = 1e-4,
+    clip: Annotated[float, typer.Option(help="PPO clip epsilon")] = 0.2,
+    gamma: Annotated[float, typer.Option(help="weight of a selection decision vs an action token")] = 1.0,
+    selector_grad: Annotated[str, typer.Option(help="exact (all K scores) | detached (paper)")] = "exact",
+    ratio_level: Annotated[str, typer.Option(help="token (GRPO) | sequence (GSPO) for actions")] = "token",
+    kl: Annotated[float, typer.Option(help="KL to the initial model on action tokens")] = 0.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 28.0,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
+) -> None:
+    """GRPO through the real agent loop; SSR turns contribute one categorical ratio each."""
+    from ssr_server.train.grpo import GRPOConfig, train_grpo
+
+    if format not in ("ssr", "freeform") or selector_grad not in ("exact", "detached") \
+            or ratio_level not in ("token", "sequence"):
+        raise typer.BadParameter("format: ssr|freeform; selector-grad: exact|detached; "
+                                 "ratio-level: token|sequence")
+    figures = train_grpo(GRPOConfig(
+        world=world, init=init, out=out, format=format, iterations=iterations, questions=questions,
+        group=group,
+        epochs=epochs, lr=lr, clip=clip, gamma=gamma, selector_grad=selector_grad,  # type: ignore[arg-type]
+        ratio_level=ratio_level, kl=kl, seed=seed, max_minutes=max_minutes,  # type: ignore[arg-type]
+        threads=threads))
+    typer.echo(json.dumps(figures, indent=1, default=str))
+    typer.echo(f"model written to {out}")
 
 
 def main() -> None:

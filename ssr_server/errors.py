@@ -41,15 +41,15 @@ class UnknownLibrary(InvalidRequest):
     code = "unknown_library"
 
 
+class UnknownModel(InvalidRequest):
+    code = "model_not_found"
+    status_code = 404
+
+
 class LibraryError(SSRError):
     """A rationale library file is invalid (raised at load time, names the file and entry)."""
 
     code = "library_error"
-
-
-class Unauthorized(SSRError):
-    status_code = 401
-    code = "unauthorized"
 
 
 class Overloaded(SSRError):

@@ -1,25 +1,19 @@
 """Rationale libraries: the fixed sets of short rationales an SSR agent selects from.
 
-A library is a YAML file (see ``ssr_server/candidates/default.yaml`` for the commented format) with a
-``name``, a ``description`` and 1..16 ``candidates``, each an ``id``, one sentence of ``text`` and the
-``action`` the model decodes after the rationale is pasted:
+A library is a YAML file (see ``candidates/default.yaml`` for the commented format) with a ``name``, a
+``description`` and 1..16 ``candidates``, each an ``id``, one sentence of ``text`` and the ``action``
+the model decodes after the rationale is pasted (a row of ``ssr_server.agent.actions``: a concrete
+action, or ``tool`` / ``any`` for the ablations where the model decodes which). The SSR reference
+harness's JSON layout (``{"entries": {id: {"text", "expected_actions": [...]}}}``) loads too.
 
-* ``image_search`` / ``text_search`` / ``zoom`` / ``answer``: a concrete move; the agent forces that
-  action's opening and the model decodes only its argument.
-* ``tool``: "use some tool"; the model decodes which of the tool actions (not ``answer``).
-* ``any``: nothing is forced; the model decodes the action opening itself (any tool, or answer).
-
-``Candidate.allowed_actions`` spells this out for the agent.
-
-What gets scored is exactly what gets pasted: ``candidate_surface`` is the single definition of a
-candidate's text as it appears inside the model's ``<think>`` block (the text followed by ``"\\n"``,
-or the index label ``"[i]\\n"`` in the label-only ablation), and ``Library.candidate_token_ids``
-tokenizes those surfaces once per tokenizer, so the ids the engine scored are the ids the agent
-appends to the context.
+What gets scored is exactly what gets pasted: the prompt format turns candidates into their surfaces
+(``PromptFormat.candidate_surfaces``) and ``Library.candidate_token_ids`` tokenizes those surfaces once
+per tokenizer, so the ids the engine scored are the ids the agent appends to the context.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import unicodedata
@@ -27,47 +21,30 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, get_args
+from typing import Any, Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from ssr_server.agent.actions import RATIONALE_ACTIONS, TOOL_ACTIONS, RationaleAction, allowed_actions
 from ssr_server.errors import InvalidRequest, LibraryError, UnknownLibrary
+from ssr_server.limits import MAX_CANDIDATE_CHARS, MAX_CANDIDATES
 
 __all__ = [
-    "ACTIONS",
-    "CANDIDATES_DIR",
-    "CONCRETE_ACTIONS",
     "DEFAULT_LIBRARY",
-    "MAX_CANDIDATES",
-    "MAX_TEXT_CHARS",
-    "SURFACE_SUFFIX",
-    "TOOL_ACTIONS",
-    "ActionKind",
     "Candidate",
     "Library",
     "LibraryRegistry",
     "SupportsEncode",
-    "candidate_surface",
+    "candidates_dir",
     "load_library",
 ]
 
-ActionKind = Literal["image_search", "text_search", "zoom", "answer", "any", "tool"]
-ACTIONS: frozenset[str] = frozenset(get_args(ActionKind))
-TOOL_ACTIONS: frozenset[str] = frozenset({"image_search", "text_search", "zoom"})
-# The concrete actions the model may end up taking (what ``any`` allows).
-CONCRETE_ACTIONS: frozenset[str] = TOOL_ACTIONS | {"answer"}
-
-MAX_CANDIDATES = 16
-MAX_TEXT_CHARS = 400
 MAX_NAME_CHARS = 64
-SURFACE_SUFFIX = "\n"
-
-CANDIDATES_DIR = Path(__file__).resolve().parent / "candidates"
 DEFAULT_LIBRARY = "default"
 
-_ID_PATTERN = r"^[a-z][a-z0-9_]*$"
+_ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_]*$"
 _NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 # Chat-template / action tags such as <think>, </think>, <|im_end|>, <tool_call>: a rationale that
 # contained one could close the reasoning block or fake an action. Plain "x > 3" stays allowed.
@@ -89,34 +66,12 @@ class SupportsEncode(Protocol):
 class Candidate:
     id: str
     text: str
-    action: ActionKind
+    action: RationaleAction
 
     @property
-    def allowed_actions(self) -> frozenset[str]:
-        """The concrete actions the model may take after this rationale.
-
-        A concrete action allows only itself (the agent forces its opening); ``tool`` allows the three
-        tools (the model decodes which); ``any`` allows every tool and ``answer``.
-        """
-        if self.action == "any":
-            return CONCRETE_ACTIONS
-        if self.action == "tool":
-            return TOOL_ACTIONS
-        return frozenset({self.action})
-
-
-def candidate_surface(candidate: Candidate, index: int, label_only: bool = False) -> str:
-    """The exact text of candidate ``index`` (0-based) as it appears inside the ``<think>`` block.
-
-    The agent writes ``"<think>\\n"``, then the chosen surface, then closes the block; the surface is
-    ``candidate.text + "\\n"``, or ``"[index+1]\\n"`` when only the labels are scored (ablation). This
-    one function is used both to tokenize for scoring and to display, so the two cannot drift.
-    """
-    if index < 0:
-        raise ValueError(f"candidate index must be >= 0, got {index}")
-    if label_only:
-        return f"[{index + 1}]{SURFACE_SUFFIX}"
-    return f"{candidate.text}{SURFACE_SUFFIX}"
+    def allowed_actions(self) -> tuple[str, ...]:
+        """The concrete actions the model may take after this rationale (see ``allowed_actions``)."""
+        return allowed_actions(self.action)
 
 
 TokenIds = tuple[tuple[int, ...], ...]
@@ -133,19 +88,20 @@ class _TokenCache:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()  # re-entrant: a weakref callback may fire during a compute
-        self._entries: dict[int, tuple[Callable[[], object], dict[bool, TokenIds]]] = {}
+        self._entries: dict[int, tuple[Callable[[], object], dict[tuple[str, ...], TokenIds]]] = {}
 
-    def get(self, tokenizer: SupportsEncode, label_only: bool, compute: Callable[[], TokenIds]) -> TokenIds:
+    def get(self, tokenizer: SupportsEncode, surfaces: tuple[str, ...],
+            compute: Callable[[], TokenIds]) -> TokenIds:
         key = id(tokenizer)
         with self._lock:
             entry = self._entries.get(key)
             if entry is None or entry[0]() is not tokenizer:
                 entry = (self._reference(tokenizer, key), {})
                 self._entries[key] = entry
-            ids = entry[1].get(label_only)
+            ids = entry[1].get(surfaces)
             if ids is None:
                 ids = compute()
-                entry[1][label_only] = ids
+                entry[1][surfaces] = ids
             return ids
 
     def _reference(self, tokenizer: SupportsEncode, key: int) -> Callable[[], object]:
@@ -186,19 +142,19 @@ class Library:
     def ids(self) -> tuple[str, ...]:
         return tuple(c.id for c in self.candidates)
 
-    def surfaces(self, label_only: bool = False) -> tuple[str, ...]:
-        return tuple(candidate_surface(c, i, label_only) for i, c in enumerate(self.candidates))
+    def candidate_token_ids(self, tokenizer: SupportsEncode, surfaces: tuple[str, ...]) -> TokenIds:
+        """Token ids of every candidate's ``surfaces`` entry (the prompt format writes them; no special
+        tokens added), cached per tokenizer object and surfaces.
 
-    def candidate_token_ids(self, tokenizer: SupportsEncode, label_only: bool = False) -> TokenIds:
-        """Token ids of every candidate surface (no special tokens), cached per tokenizer object.
-
-        The same tuple object is returned on every call with the same tokenizer and ``label_only``;
-        paste these ids, never re-tokenize the text, so what is scored is what is pasted.
+        The same tuple object is returned on every call with the same tokenizer and surfaces; paste
+        these ids, never re-tokenize the text, so what is scored is what is pasted.
         """
+        if len(surfaces) != len(self.candidates):
+            raise ValueError(f"{len(surfaces)} surfaces for {len(self.candidates)} candidates")
 
         def compute() -> TokenIds:
             out: list[tuple[int, ...]] = []
-            for i, surface in enumerate(self.surfaces(label_only)):
+            for i, surface in enumerate(surfaces):
                 ids = tuple(int(t) for t in tokenizer.encode(surface, add_special_tokens=False))
                 if not ids:
                     raise LibraryError(
@@ -208,7 +164,7 @@ class Library:
                 out.append(ids)
             return tuple(out)
 
-        return self._token_cache.get(tokenizer, label_only, compute)
+        return self._token_cache.get(tokenizer, surfaces, compute)
 
     @classmethod
     def from_texts(
@@ -225,8 +181,9 @@ class Library:
         """
         if isinstance(texts, str | bytes) or not isinstance(texts, Sequence):
             raise InvalidRequest("candidates: expected a list of strings")
-        if action not in ACTIONS:
-            raise InvalidRequest(f"action: must be one of {', '.join(sorted(ACTIONS))}; got {action!r}")
+        if action not in RATIONALE_ACTIONS:
+            allowed = ", ".join(sorted(RATIONALE_ACTIONS))
+            raise InvalidRequest(f"action: must be one of {allowed}; got {action!r}")
         data = {
             "name": name,
             "description": description,
@@ -249,7 +206,7 @@ class _CandidateModel(BaseModel):
 
     id: str = Field(pattern=_ID_PATTERN, min_length=1, max_length=MAX_NAME_CHARS)
     text: str
-    action: ActionKind
+    action: RationaleAction
 
     @field_validator("text")
     @classmethod
@@ -257,11 +214,11 @@ class _CandidateModel(BaseModel):
         text = value.strip()
         if not text:
             raise PydanticCustomError("empty_text", "text must not be empty")
-        if len(text) > MAX_TEXT_CHARS:
+        if len(text) > MAX_CANDIDATE_CHARS:
             raise PydanticCustomError(
                 "text_too_long",
                 "text has {length} characters, at most {limit} allowed",
-                {"length": len(text), "limit": MAX_TEXT_CHARS},
+                {"length": len(text), "limit": MAX_CANDIDATE_CHARS},
             )
         if any(unicodedata.category(ch) == "Cc" for ch in text):
             raise PydanticCustomError(
@@ -339,21 +296,60 @@ def _format_errors(source: str, exc: ValidationError, data: object, limit: int =
 # --------------------------------------------------------------------------------------------------
 
 
+def candidates_dir() -> Path:
+    """The shipped libraries: the top-level ``candidates/`` folder, installed as ``ssr_server.candidates``."""
+    from importlib.resources import files
+
+    return Path(str(files("ssr_server.candidates")))
+
+
+# The reference harness names tools in ``expected_actions``; ours are the action table's names.
+_HARNESS_ACTIONS = {"image_search_tool": "image_search", "text_search_tool": "text_search",
+                    "image_zoom_in_tool": "zoom", "answer": "answer"}
+
+
+def _from_harness(data: Mapping[str, Any], stem: str) -> dict[str, Any]:
+    """The harness layout ``{"entries": {id: {"text", "expected_actions"}}}`` as our library data.
+
+    One expected action maps to that action; the three tools together to ``tool``; tools and the
+    answer together to ``any`` (the model decodes which, as in the reference, where expected actions
+    are metadata only)."""
+    entries = data.get("entries")
+    if not isinstance(entries, Mapping) or not entries:
+        raise LibraryError(f"{stem}: a harness library needs a non-empty 'entries' object")
+    candidates = []
+    for cid, entry in entries.items():
+        raw = entry.get("expected_actions") if isinstance(entry, Mapping) else None
+        if not isinstance(raw, list) or not raw or not all(a in _HARNESS_ACTIONS for a in raw):
+            raise LibraryError(f"{stem}: entry {cid!r}: expected_actions must list some of "
+                               f"{sorted(_HARNESS_ACTIONS)}")
+        acts = {_HARNESS_ACTIONS[a] for a in raw}
+        action = (acts.pop() if len(acts) == 1 else "tool" if acts == set(TOOL_ACTIONS)
+                  else "any")
+        candidates.append({"id": cid, "text": entry.get("text"), "action": action})
+    name = data.get("name")
+    return {"name": name if isinstance(name, str) and re.fullmatch(_NAME_PATTERN, name) else stem,
+            "description": str(data.get("note", data.get("description", ""))), "candidates": candidates}
+
+
 def load_library(path: str | Path) -> Library:
-    """Load and validate one library YAML file; any problem raises ``LibraryError`` naming the file."""
+    """Load and validate one library file (YAML, or JSON in our layout or the SSR harness's);
+    any problem raises ``LibraryError`` naming the file."""
     p = Path(path)
     try:
         raw_text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise LibraryError(f"{p}: cannot read library file: {exc}") from None
     try:
-        data: Any = yaml.safe_load(raw_text)
-    except yaml.YAMLError as exc:
-        raise LibraryError(f"{p}: invalid YAML: {exc}") from None
+        data: Any = json.loads(raw_text) if p.suffix == ".json" else yaml.safe_load(raw_text)
+    except (yaml.YAMLError, ValueError) as exc:
+        raise LibraryError(f"{p}: invalid {'JSON' if p.suffix == '.json' else 'YAML'}: {exc}") from None
     if not isinstance(data, Mapping):
         raise LibraryError(
             f"{p}: expected a mapping with keys name, description, candidates; got {type(data).__name__}"
         )
+    if "entries" in data and "candidates" not in data:
+        data = _from_harness(data, p.stem)
     try:
         model = _LibraryModel.model_validate(dict(data))
     except ValidationError as exc:
@@ -364,19 +360,20 @@ def load_library(path: str | Path) -> Library:
 class LibraryRegistry:
     """Every library the server knows, by name.
 
-    Loads each ``*.yaml`` in the shipped candidates directory (unless ``include_builtin`` is false) and
-    then in each of ``extra_dirs``, in sorted file order. Two files declaring the same ``name`` are an
-    error (``LibraryError`` naming both files): to change a shipped library, give yours a new name.
+    Loads each ``*.yaml`` and ``*.json`` in the shipped candidates directory (unless ``include_builtin``
+    is false) and then in each of ``extra_dirs``, in sorted file order. Two files declaring the same
+    ``name`` are an error (``LibraryError`` naming both files): to change a shipped library, give yours a
+    new name.
     """
 
     def __init__(self, extra_dirs: Iterable[str | Path] = (), *, include_builtin: bool = True) -> None:
-        dirs: list[Path] = [CANDIDATES_DIR] if include_builtin else []
+        dirs: list[Path] = [candidates_dir()] if include_builtin else []
         dirs.extend(Path(d) for d in extra_dirs)
         self._libraries: dict[str, Library] = {}
         for directory in dirs:
             if not directory.is_dir():
                 raise LibraryError(f"{directory}: library directory does not exist")
-            for file in sorted(directory.glob("*.yaml")):
+            for file in sorted([*directory.glob("*.yaml"), *directory.glob("*.json")]):
                 self.add(load_library(file))
 
     def add(self, library: Library) -> None:

@@ -61,6 +61,17 @@ REQUESTS_REJECTED = Counter(
 )
 ENGINE_READY = Gauge("ssr_engine_ready", "1 when the engine answers its readiness probe", registry=REGISTRY)
 
+
+
+def observe_turn(mode: str, reasoning_s: float, action_s: float, turn_s: float,
+                 generated_tokens: int) -> None:
+    """One turn's latencies and decoded tokens (the agent loop and the OpenAI route alike)."""
+    REASONING_SECONDS.labels(mode=mode).observe(reasoning_s)
+    ACTION_SECONDS.labels(mode=mode).observe(action_s)
+    TURN_SECONDS.labels(mode=mode).observe(turn_s)
+    GENERATED_TOKENS.labels(mode=mode).inc(generated_tokens)
+
+
 HISTOGRAM_NAMES: tuple[str, ...] = (
     "ssr_reasoning_seconds", "ssr_action_seconds", "ssr_tool_seconds", "ssr_turn_seconds",
     "ssr_run_seconds", "ssr_run_model_seconds", "ssr_run_turns",

@@ -53,6 +53,14 @@ def demo_assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def world_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo preset of the benchmark world on disk (questions, corpus, image index, views)."""
+    from ssr_server.world import demo_world
+
+    return demo_world(tmp_path_factory.mktemp("world") / "demo").root
+
+
+@pytest.fixture(scope="session")
 def torch_engine(tiny_model_dir: Path) -> Iterator[Any]:
     import asyncio
 

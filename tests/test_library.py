@@ -3,26 +3,28 @@
 from __future__ import annotations
 
 import gc
+import json
 import textwrap
+import weakref
 from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from ssr_server.agent.actions import ALL_ACTIONS, RATIONALE_ACTIONS, TOOL_ACTIONS
 from ssr_server.errors import InvalidRequest, LibraryError, UnknownLibrary
 from ssr_server.library import (
-    ACTIONS,
-    CANDIDATES_DIR,
     DEFAULT_LIBRARY,
-    MAX_CANDIDATES,
-    TOOL_ACTIONS,
-    Candidate,
     Library,
     LibraryRegistry,
-    candidate_surface,
+    candidates_dir,
     load_library,
 )
+from ssr_server.limits import MAX_CANDIDATES
+
+CANDIDATES_DIR = candidates_dir()
+REPO = Path(__file__).resolve().parents[1]
 
 SHIPPED = ("default", "generic-1", "binary-2")
 
@@ -84,36 +86,59 @@ def test_shipped_libraries_load(name: str) -> None:
     assert lib.path == CANDIDATES_DIR / f"{name}.yaml"
     assert 1 <= len(lib) <= MAX_CANDIDATES
     for cand in lib.candidates:
-        assert cand.action in ACTIONS
+        assert cand.action in RATIONALE_ACTIONS
         assert cand.text == cand.text.strip()
         assert "\n" not in cand.text
 
 
-def test_default_library_has_one_candidate_per_move() -> None:
+def test_default_library_is_the_reference_library() -> None:
     lib = LibraryRegistry().get(DEFAULT_LIBRARY)
-    assert [c.action for c in lib.candidates] == [
-        "image_search",
-        "text_search",
-        "zoom",
-        "answer",
-        "answer",
-        "answer",
-    ]
-    assert len(set(lib.ids)) == 6
+    # the SSR reference harness's six candidates, in its order (ties go to the lowest index)
+    assert lib.ids == ("r_GENERAL_KNOW", "r_ANSWER_FROM_IMAGE", "r_ZOOM_DETAIL", "r_IDENTIFY_BY_IMAGE",
+                       "r_LOOKUP_FACT", "r_ANSWER_FROM_EVIDENCE")
+    assert [c.action for c in lib.candidates] == ["answer", "answer", "zoom", "image_search", "text_search",
+                                                  "answer"]
     for cand in lib.candidates:
-        words = cand.text.split()
-        assert 12 <= len(words) <= 35, cand.text  # roughly 20-40 tokens
-        assert cand.text.startswith(("I ", "A ", "The ")), cand.text
+        assert 20 <= len(cand.text.split()) <= 35, cand.text
+
+
+def test_the_shipped_libraries_live_at_the_top_level() -> None:
+    """Users find and edit them in candidates/; installed, they are the package ssr_server.candidates."""
+    assert CANDIDATES_DIR.resolve() == (REPO / "candidates").resolve()
+    assert {p.stem for p in (REPO / "candidates").glob("*.yaml")} == set(SHIPPED)
+
+
+def test_the_reference_harness_json_layout_loads(tmp_path: Path) -> None:
+    path = tmp_path / "harness.json"
+    path.write_text(json.dumps({"name": "ssr-reasoning-library", "version": "v0", "entries": {
+        "r_LOOK": {"text": "I should look it up.", "expected_actions": ["text_search_tool"]},
+        "r_ANY_TOOL": {"text": "Some tool will help.", "expected_actions": [
+            "image_search_tool", "text_search_tool", "image_zoom_in_tool"]},
+        "r_ANYTHING": {"text": "Let me decide.", "expected_actions": ["answer", "image_zoom_in_tool"]},
+        "r_DONE": {"text": "I can answer now.", "expected_actions": ["answer"]},
+    }}))
+    lib = load_library(path)
+    assert lib.name == "ssr-reasoning-library"
+    assert lib.ids == ("r_LOOK", "r_ANY_TOOL", "r_ANYTHING", "r_DONE")
+    assert [c.action for c in lib.candidates] == ["text_search", "tool", "any", "answer"]
+    reg = LibraryRegistry(extra_dirs=[tmp_path])
+    assert reg.get("ssr-reasoning-library") == lib
+    path.write_text(json.dumps({"entries": {"r_X": {"text": "Hm.", "expected_actions": ["dance"]}}}))
+    with pytest.raises(LibraryError, match="expected_actions"):
+        load_library(path)
+    path.write_text("{not json")
+    with pytest.raises(LibraryError, match="invalid JSON"):
+        load_library(path)
 
 
 def test_ablation_libraries() -> None:
     reg = LibraryRegistry()
     (generic,) = reg.get("generic-1").candidates
     assert generic.action == "any"
-    assert generic.allowed_actions == TOOL_ACTIONS | {"answer"}
+    assert generic.allowed_actions == ALL_ACTIONS
     binary = reg.get("binary-2").candidates
     assert [c.action for c in binary] == ["answer", "tool"]
-    assert binary[0].allowed_actions == frozenset({"answer"})
+    assert binary[0].allowed_actions == ("answer",)
     assert binary[1].allowed_actions == TOOL_ACTIONS
 
 
@@ -286,54 +311,46 @@ def test_from_texts_rejects(texts: object, action: str, fragment: str) -> None:
 # ------------------------------------------------------------------ surfaces and token ids
 
 
-def test_candidate_surface() -> None:
-    cand = Candidate(id="a", text="I should look closer.", action="zoom")
-    assert candidate_surface(cand, 0) == "I should look closer.\n"
-    assert candidate_surface(cand, 0, label_only=True) == "[1]\n"
-    assert candidate_surface(cand, 5, label_only=True) == "[6]\n"
-    with pytest.raises(ValueError):
-        candidate_surface(cand, -1)
+SURFACES = ("<thinking>one</thinking>", "<thinking>two</thinking>", "<thinking>three</thinking>",
+            "<thinking>four</thinking>", "<thinking>five</thinking>", "<thinking>six</thinking>")
 
 
 def test_token_ids_are_cached_and_exact(tokenizer: PreTrainedTokenizerFast) -> None:
     lib = load_library(CANDIDATES_DIR / "default.yaml")
-    ids = lib.candidate_token_ids(tokenizer)
-    assert lib.candidate_token_ids(tokenizer) is ids
+    ids = lib.candidate_token_ids(tokenizer, SURFACES)
+    assert lib.candidate_token_ids(tokenizer, SURFACES) is ids
     assert len(ids) == len(lib)
-    for i, (cand, cand_ids) in enumerate(zip(lib.candidates, ids, strict=True)):
+    for surface, cand_ids in zip(SURFACES, ids, strict=True):
         assert isinstance(cand_ids, tuple) and cand_ids
         assert all(isinstance(t, int) for t in cand_ids)
-        assert tokenizer.decode(list(cand_ids)) == candidate_surface(cand, i)
-        assert list(cand_ids) == tokenizer.encode(candidate_surface(cand, i), add_special_tokens=False)
-
-
-def test_label_only_token_ids(tokenizer: PreTrainedTokenizerFast) -> None:
-    lib = load_library(CANDIDATES_DIR / "default.yaml")
-    full = lib.candidate_token_ids(tokenizer)
-    labels = lib.candidate_token_ids(tokenizer, label_only=True)
-    assert labels is not full
-    assert lib.candidate_token_ids(tokenizer, label_only=True) is labels
-    assert lib.candidate_token_ids(tokenizer) is full
-    assert [tokenizer.decode(list(t)) for t in labels] == [f"[{i}]\n" for i in range(1, 7)]
-    assert lib.surfaces(label_only=True) == tuple(f"[{i}]\n" for i in range(1, 7))
+        assert tokenizer.decode(list(cand_ids)) == surface
+        assert list(cand_ids) == tokenizer.encode(surface, add_special_tokens=False)
+    other = tuple(s.upper() for s in SURFACES)
+    assert lib.candidate_token_ids(tokenizer, other) is not ids  # cached per surfaces too
+    assert lib.candidate_token_ids(tokenizer, SURFACES) is ids
+    with pytest.raises(ValueError, match="surfaces"):
+        lib.candidate_token_ids(tokenizer, SURFACES[:2])
 
 
 def test_cache_is_per_tokenizer_and_per_library(tokenizer: PreTrainedTokenizerFast) -> None:
     lib = load_library(CANDIDATES_DIR / "binary-2.yaml")
     other_tok = _train_tokenizer()
-    a = lib.candidate_token_ids(tokenizer)
-    b = lib.candidate_token_ids(other_tok)
+    surfaces = ("Answer now.", "Use a tool.")
+    a = lib.candidate_token_ids(tokenizer, surfaces)
+    b = lib.candidate_token_ids(other_tok, surfaces)
     assert a is not b
     assert a == b  # same training data, same ids
-    assert lib._token_cache.__len__() == 2
+    assert lib.candidate_token_ids(other_tok, surfaces) is b  # cached for that tokenizer too
     # a second Library object with the same content has its own cache but compares equal
     twin = load_library(CANDIDATES_DIR / "binary-2.yaml")
     assert twin == lib
-    assert twin.candidate_token_ids(tokenizer) == a
-    # a dead tokenizer's entry goes away (its id may be reused by a new object)
+    assert twin.candidate_token_ids(tokenizer, surfaces) == a
+    # the cache never keeps a tokenizer alive (entries are dropped with their tokenizer)
+    alive = weakref.ref(other_tok)
     del other_tok, b
     gc.collect()
-    assert lib._token_cache.__len__() == 1
+    assert alive() is None
+    assert lib.candidate_token_ids(tokenizer, surfaces) is a
 
 
 class _NoWeakrefTokenizer:
@@ -358,8 +375,8 @@ class _NoWeakrefTokenizer:
 def test_cache_works_without_weakrefs() -> None:
     lib = Library.from_texts(["Alpha.", "Beta."])
     tok = _NoWeakrefTokenizer()
-    ids = lib.candidate_token_ids(tok)
-    assert ids == (tuple(map(ord, "Alpha.\n")), tuple(map(ord, "Beta.\n")))
+    ids = lib.candidate_token_ids(tok, ("Alpha.", "Beta."))
+    assert ids == (tuple(map(ord, "Alpha.")), tuple(map(ord, "Beta.")))
     calls = tok.calls
-    assert lib.candidate_token_ids(tok) is ids
+    assert lib.candidate_token_ids(tok, ("Alpha.", "Beta.")) is ids
     assert tok.calls == calls  # computed once

@@ -1,97 +1,129 @@
-"""One grammar per action type: its opening tag (forced after selection), closing tag (the stop
-string) and a parser that turns the decoded argument into a tool call or an answer.
+"""The action table: the four concrete actions, what each one decodes and how it is checked.
 
-Forcing the opening of the chosen candidate's action makes the decoded action's type match the
-rationale by construction; only the argument is left to the model, and a bad argument becomes an
-observation (``ActionParseError``) that counts toward the run's error limit.
+One row per action: whether it calls a tool, the JSON schema its arguments are decoded under (the
+engine decodes under that grammar, so every call parses and validates by construction), its decoding
+budget, and the checks no schema can express (zoom corners strictly increasing). How an action is
+*written* (tags, tool names, the answer's grammar) belongs to the prompt format (``ssr_server.formats``);
+what it *means* is here. A rationale's ``action`` is one of these names or a meta action: ``tool``
+(any of the three tools, the model decodes which) or ``any`` (any tool or the answer).
 """
 
 from __future__ import annotations
 
-import re
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, Literal, get_args
 
 from ssr_server.errors import ActionParseError
+from ssr_server.limits import BOX_SCALE, MAX_LABEL_CHARS, MAX_QUERY_CHARS
 from ssr_server.tools.base import ToolCall
 
-MAX_QUERY_CHARS = 300
-MAX_ANSWER_CHARS = 2000
+ActionName = Literal["image_search", "text_search", "zoom", "answer"]
+MetaAction = Literal["tool", "any"]
+RationaleAction = Literal["image_search", "text_search", "zoom", "answer", "tool", "any"]
+
+TOOL_ACTIONS: tuple[ActionName, ...] = ("image_search", "text_search", "zoom")
+ALL_ACTIONS: tuple[ActionName, ...] = (*TOOL_ACTIONS, "answer")
+RATIONALE_ACTIONS: frozenset[str] = frozenset(get_args(RationaleAction))
+
+
+def _text_pattern(max_chars: int) -> str:
+    # Printable ASCII without '<' (no tag or special-token text can be written), backslash or quote (the
+    # JSON string holds no escapes, so what the grammar admits is exactly what strict json.loads
+    # accepts), not starting with a space. ASCII because xgrammar 0.2.9 let invalid UTF-8 through wider
+    # classes: random-logit sampling under [^<\\"\x00-\x1f] gave 7 of 60 strings with broken bytes, explicit
+    # BMP ranges 3 of 60, printable ASCII 0 of 60 (tests/agent/test_actions.py samples the same way).
+    return rf"^[!#-;=-\[\]-~][ !#-;=-\[\]-~]{{0,{max_chars - 1}}}$"
 
 
 @dataclass(frozen=True)
-class ParsedAction:
-    type: str  # image_search | text_search | zoom | answer
-    argument: str
-    call: ToolCall | None = None  # None for an answer
-
-
-@dataclass(frozen=True)
-class ActionGrammar:
-    type: str
-    max_new_tokens: int  # 0: the action takes no argument and is forced whole, nothing is decoded
+class ActionSpec:
+    name: ActionName
+    max_new_tokens: int  # enough for the longest text the schema admits, one token per character
 
     @property
-    def opening(self) -> str:
-        return f"<{self.type}>"
+    def is_tool(self) -> bool:
+        return self.name != "answer"
 
-    @property
-    def closing(self) -> str:
-        return f"</{self.type}>"
+    def arguments_schema(self, n_images: int) -> dict[str, Any]:
+        """The JSON schema of the call's ``arguments`` object in a context holding ``n_images``."""
+        if self.name == "image_search":
+            return {"type": "object", "properties": {}, "additionalProperties": False}
+        if self.name == "text_search":
+            return {"type": "object", "additionalProperties": False, "required": ["query"],
+                    "properties": {"query": {"type": "string", "pattern": _text_pattern(MAX_QUERY_CHARS)}}}
+        if self.name == "zoom":
+            coord = {"type": "integer", "minimum": 0, "maximum": BOX_SCALE}
+            return {"type": "object", "additionalProperties": False,
+                    "required": ["bbox_2d", "label", "img_idx"],
+                    "properties": {
+                        "bbox_2d": {"type": "array", "items": coord, "minItems": 4, "maxItems": 4},
+                        "label": {"type": "string", "pattern": _text_pattern(MAX_LABEL_CHARS)},
+                        "img_idx": {"type": "integer", "minimum": 0, "maximum": max(0, n_images - 1)},
+                    }}
+        raise ValueError("the answer takes no arguments object")
 
-    def parse(self, argument: str) -> ParsedAction:
-        arg = argument.strip()
-        if self.type == "answer":
-            if not arg:
-                raise ActionParseError("the answer is empty")
-            return ParsedAction("answer", arg[:MAX_ANSWER_CHARS])
-        if self.type == "text_search":
-            if not arg:
-                raise ActionParseError("the text_search query is empty")
-            if len(arg) > MAX_QUERY_CHARS:
-                raise ActionParseError(f"the text_search query is longer than {MAX_QUERY_CHARS} characters")
-            return ParsedAction("text_search", arg, ToolCall("text_search", query=arg))
-        if self.type == "image_search":
-            # Empty means the latest image; a number picks an image (1-based, in context order).
-            if not arg:
-                return ParsedAction("image_search", arg, ToolCall("image_search"))
-            if re.fullmatch(r"\d{1,2}", arg):
-                return ParsedAction("image_search", arg, ToolCall("image_search", image_index=int(arg) - 1))
-            raise ActionParseError("image_search takes no argument, or an image number such as 1")
-        if self.type == "zoom":
-            return ParsedAction("zoom", arg, ToolCall("zoom", box=parse_box(arg)))
-        raise ActionParseError(f"unknown action type {self.type!r}")
+    def to_call(self, arguments: Mapping[str, Any], n_images: int) -> ToolCall:
+        """A checked tool call from decoded arguments; ``ActionParseError`` says what is wrong."""
+        if self.name == "image_search":
+            if arguments:
+                raise ActionParseError("image_search_tool takes no arguments")
+            return ToolCall("image_search", image_index=0)  # the question's image, like the reference
+        if self.name == "text_search":
+            query = arguments.get("query")
+            if not isinstance(query, str) or not query.strip() or len(query) > MAX_QUERY_CHARS:
+                raise ActionParseError(f"text_search needs a query of 1 to {MAX_QUERY_CHARS} characters")
+            return ToolCall("text_search", query=" ".join(query.split()))
+        if self.name == "zoom":
+            return ToolCall("zoom", box=_box(arguments.get("bbox_2d")), label=_label(arguments.get("label")),
+                            image_index=_image_index(arguments.get("img_idx"), n_images))
+        raise ActionParseError("an answer is not a tool call")
 
 
-def parse_box(text: str) -> tuple[int, int, int, int]:
-    m = re.fullmatch(r"\[\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,"
-                     r"\s*(-?\d+(?:\.\d+)?)\s*\]", text.strip())
-    if m is None:
-        raise ActionParseError("zoom expects a box [x1, y1, x2, y2] in 0-1000 relative coordinates, "
-                               f"got {text.strip()[:60]!r}")
-    x1, y1, x2, y2 = (round(float(v)) for v in m.groups())
-    if not all(0 <= v <= 1000 for v in (x1, y1, x2, y2)):
-        raise ActionParseError("zoom box coordinates must lie in 0-1000")
+def _box(value: Any) -> tuple[int, int, int, int]:
+    if not isinstance(value, list | tuple) or len(value) != 4:
+        raise ActionParseError("bbox_2d must be [x1, y1, x2, y2]")
+    if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) for v in value):
+        raise ActionParseError("bbox_2d must hold four numbers")
+    x1, y1, x2, y2 = (round(v) for v in value)
+    if min(x1, y1, x2, y2) < 0 or max(x1, y1, x2, y2) > BOX_SCALE:
+        raise ActionParseError(f"bbox_2d coordinates must lie in 0-{BOX_SCALE}")
     if x1 >= x2 or y1 >= y2:
-        raise ActionParseError("zoom box needs x1 < x2 and y1 < y2")
+        raise ActionParseError(f"bbox_2d [{x1}, {y1}, {x2}, {y2}] needs x1 < x2 and y1 < y2")
     return x1, y1, x2, y2
 
 
-GRAMMARS: dict[str, ActionGrammar] = {
-    g.type: g for g in (
-        ActionGrammar("image_search", 0),  # searches the latest image: nothing to decode
-        ActionGrammar("text_search", 40),
-        ActionGrammar("zoom", 24),
-        ActionGrammar("answer", 64),
-    )
+def _label(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > MAX_LABEL_CHARS:
+        raise ActionParseError(f"label must be a string of at most {MAX_LABEL_CHARS} characters")
+    return value.strip()
+
+
+def _image_index(value: Any, n_images: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or int(value) != value:
+        raise ActionParseError("img_idx must be an integer")
+    if not 0 <= int(value) < n_images:
+        raise ActionParseError(f"img_idx {int(value)} does not exist; "
+                               f"images 0 to {n_images - 1} are available")
+    return int(value)
+
+
+ACTIONS: dict[str, ActionSpec] = {
+    "image_search": ActionSpec("image_search", max_new_tokens=8),
+    "text_search": ActionSpec("text_search", max_new_tokens=MAX_QUERY_CHARS + 16),
+    "zoom": ActionSpec("zoom", max_new_tokens=MAX_LABEL_CHARS + 48),
+    "answer": ActionSpec("answer", max_new_tokens=96),
 }
-TOOL_TYPES: tuple[str, ...] = ("image_search", "text_search", "zoom")
-ALL_TYPES: tuple[str, ...] = (*TOOL_TYPES, "answer")
 
 
-def allowed_types(candidate_action: str) -> tuple[str, ...]:
-    """Action types a candidate allows: itself, or a choice for the ``tool`` / ``any`` ablations."""
-    if candidate_action == "tool":
-        return TOOL_TYPES
-    if candidate_action == "any":
-        return ALL_TYPES
-    return (candidate_action,)
+def allowed_actions(rationale_action: str) -> tuple[ActionName, ...]:
+    """The concrete actions a rationale allows: itself, the tools (``tool``) or all four (``any``)."""
+    if rationale_action == "tool":
+        return TOOL_ACTIONS
+    if rationale_action == "any":
+        return ALL_ACTIONS
+    if rationale_action in ACTIONS:
+        return (ACTIONS[rationale_action].name,)
+    raise ValueError(f"unknown rationale action {rationale_action!r}")

@@ -1,9 +1,12 @@
-"""The turn loop: score -> select -> generate the action -> run the tool -> observe.
+"""The turn loop: select (or think) -> decode the action under its grammar -> run the tool -> observe.
 
-``ssr`` mode scores every rationale of the library in one engine call and pastes the chosen one;
-``freeform`` decodes the reasoning token by token up to ``</think>`` (the baseline). Both then pick
-the action type (forced by the rationale in ssr mode; chosen among the action openings by likelihood
-otherwise, i.e. grammar-constrained), decode only the argument up to its closing tag, and run it.
+``ssr`` mode scores every rationale of the library in one engine call and pastes the chosen surface;
+``freeform`` decodes the reasoning token by token inside the format's reasoning block (the baseline).
+Both then fix the action: forced by the rationale in ssr mode, otherwise chosen among the allowed
+actions' openings by likelihood; only the arguments (a JSON object under the tool's schema) or the
+answer (under the format's answer grammar) are decoded, so an action cannot fail to parse (one turn's
+decision is ``TurnMaker``'s). What a schema cannot say (zoom corners in order) is checked after decoding
+and, like a failing tool, becomes an observation that counts toward the run's error limit.
 """
 
 from __future__ import annotations
@@ -17,13 +20,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from ssr_server import metrics
-from ssr_server.agent.actions import GRAMMARS, ActionGrammar, allowed_types
-from ssr_server.agent.prompt import THINK_CLOSE, PromptBuilder
+from ssr_server.agent.actions import ALL_ACTIONS, allowed_actions
+from ssr_server.agent.chat import ChatRenderer
+from ssr_server.agent.observe import invalid_action_text, observation_text
 from ssr_server.agent.trace import Run, Turn
-from ssr_server.engine.base import Context, Engine, GenerationParams, ImageRef
-from ssr_server.errors import ActionParseError, InvalidRequest
-from ssr_server.library import Library, LibraryRegistry, candidate_surface
-from ssr_server.selection import select
+from ssr_server.agent.turn import TurnMaker
+from ssr_server.engine.base import Context, Engine, ImageRef
+from ssr_server.errors import ContextTooLong, InvalidRequest
+from ssr_server.formats.format import PromptFormat, get_format
+from ssr_server.library import Library, LibraryRegistry
+from ssr_server.limits import MAX_ALPHA, MAX_REASONING_TOKENS, MAX_TAU, MAX_TURNS
 from ssr_server.tools.base import ToolCall, ToolContext
 from ssr_server.tools.registry import ToolRegistry
 
@@ -40,60 +46,81 @@ class RunOptions:
     alpha: float = 1.0
     max_turns: int = 6
     seed: int | None = None
-    label_only: bool = False  # ablation: score only "[1]".."[N]"
-    max_errors: int = 3  # unparseable actions / failed tools before the run ends as an error
+    label_only: bool = False  # ablation: score only the candidates' labels
+    max_errors: int = 3  # invalid actions / failed tools before the run ends as an error
     reasoning_budget: int = 256  # freeform: max reasoning tokens per turn
+    action_temperature: float = 0.0  # 0: greedy actions; > 0 samples them (RL rollouts)
     tool_timeout_s: float | None = None
 
     def validate(self) -> None:
+        """The one check of run options (the HTTP schema bounds the same fields from ``limits``)."""
         if self.mode not in MODES:
             raise InvalidRequest(f"mode must be one of {MODES}, got {self.mode!r}")
-        if not 1 <= self.max_turns <= 32:
-            raise InvalidRequest("max_turns must lie in 1..32")
-        if not 1 <= self.reasoning_budget <= 2048:
-            raise InvalidRequest("reasoning_budget must lie in 1..2048")
-        if self.tau < 0 or self.alpha < 0:
-            raise InvalidRequest("tau and alpha must be >= 0")
-
-
-@dataclass
-class _RunState:
-    ctx: Context
-    rng: np.random.Generator
+        if not 1 <= self.max_turns <= MAX_TURNS:
+            raise InvalidRequest(f"max_turns must lie in 1..{MAX_TURNS}")
+        if not 1 <= self.reasoning_budget <= MAX_REASONING_TOKENS:
+            raise InvalidRequest(f"reasoning_budget must lie in 1..{MAX_REASONING_TOKENS}")
+        if not (0 <= self.tau <= MAX_TAU and 0 <= self.alpha <= MAX_ALPHA
+                and 0 <= self.action_temperature <= 10):
+            raise InvalidRequest(f"tau must lie in 0..{MAX_TAU}, alpha in 0..{MAX_ALPHA}, "
+                                 "action_temperature in 0..10")
+        if self.max_errors < 1:
+            raise InvalidRequest("max_errors must be >= 1")
 
 
 class Agent:
-    def __init__(self, engine: Engine, tools: ToolRegistry, libraries: LibraryRegistry) -> None:
+    def __init__(self, engine: Engine, tools: ToolRegistry, libraries: LibraryRegistry,
+                 fmt: PromptFormat | None = None) -> None:
         self.engine = engine
         self.tools = tools
         self.libraries = libraries
-        self.prompt = PromptBuilder(engine.tokenizer)
-        self._openings = {t: self.prompt.encode(g.opening) for t, g in GRAMMARS.items()}
-        self._closings = {t: self.prompt.encode(g.closing) for t, g in GRAMMARS.items()}
-        self._think_close = self.prompt.encode(THINK_CLOSE)
+        self.format = fmt or get_format()
+        self.chat = ChatRenderer(engine.tokenizer, self.format)
+        self.turns = TurnMaker(engine, self.format, self.chat)
+        self._end_of_turn = self.chat.encode(self.format.chat.close)
 
     def library_for(self, options: RunOptions) -> Library:
         if options.candidates:
             return Library.from_texts(list(options.candidates))
         return self.libraries.get(options.library)
 
+    def candidate_ids(self, library: Library, label_only: bool = False) -> Sequence[Sequence[int]]:
+        return library.candidate_token_ids(self.engine.tokenizer,
+                                           self.format.candidate_surfaces(library, label_only))
+
+    def start(self, question: str, images: Sequence[ImageRef], library: Library) -> Context:
+        return self.chat.start(question, images, library)
+
     async def run(self, question: str, images: Sequence[ImageRef], options: RunOptions,
                   on_turn: TurnCallback | None = None, run_id: str | None = None,
                   deadline_s: float | None = None) -> Run:
-        """One run to its end: an answer, the turn limit, the error limit or the deadline (outcome
-        ``timeout``, with the turns done so far). Engine failures propagate (the caller maps them);
-        cancellation propagates after the run is recorded as ``cancelled``."""
+        """One run to its end: an answer, the turn limit, the error limit, the context limit or the
+        deadline (outcome ``timeout``, with the turns done so far). Engine failures propagate (the
+        caller maps them); cancellation propagates after the run is recorded as ``cancelled``."""
+        run, _ = await self.run_with_context(question, images, options, on_turn, run_id, deadline_s)
+        return run
+
+    async def run_with_context(self, question: str, images: Sequence[ImageRef], options: RunOptions,
+                               on_turn: TurnCallback | None = None, run_id: str | None = None,
+                               deadline_s: float | None = None) -> tuple[Run, Context]:
+        """``run``, also returning the final context (training data, trajectory files)."""
         options.validate()
         library = self.library_for(options)
         run = Run(id=run_id or uuid.uuid4().hex, question=question, mode=options.mode, library=library.name)
-        state = _RunState(self.prompt.start(question, images), np.random.default_rng(options.seed))
+        ctx = [self.start(question, images, library)]
+        rng = np.random.default_rng(options.seed)
         started = time.perf_counter()
         metrics.RUNS_IN_FLIGHT.inc()
         try:
             async with asyncio.timeout(deadline_s):
-                await self._turns(run, state, library, options, on_turn)
+                await self._turns(run, ctx, library, options, rng, on_turn)
         except TimeoutError:
             run.outcome, run.error = "timeout", f"the run passed its {deadline_s:g} s deadline"
+        except ContextTooLong as exc:
+            if not run.turns:  # the question itself does not fit: the caller's error (a 4xx)
+                run.outcome, run.error = "error", exc.message
+                raise
+            run.outcome, run.error = "context_limit", exc.message
         except asyncio.CancelledError:
             run.outcome, run.error = "cancelled", "the run was cancelled"
             raise
@@ -103,32 +130,41 @@ class Agent:
         finally:
             metrics.RUNS_IN_FLIGHT.dec()
             run.total_s = time.perf_counter() - started
-            run.prompt_tokens = len(state.ctx)
+            run.prompt_tokens = len(ctx[0])
             metrics.RUNS.labels(mode=run.mode, outcome=run.outcome).inc()
             metrics.RUN_SECONDS.labels(mode=run.mode).observe(run.total_s)
             metrics.RUN_MODEL_SECONDS.labels(mode=run.mode).observe(run.model_s)
             metrics.RUN_TURNS.labels(mode=run.mode).observe(len(run.turns))
-        return run
+        return run, ctx[0]
 
-    async def _turns(self, run: Run, state: _RunState, library: Library, options: RunOptions,
-                     on_turn: TurnCallback | None) -> None:
-        cand_ids = library.candidate_token_ids(self.engine.tokenizer, label_only=options.label_only)
+    async def _turns(self, run: Run, state: list[Context], library: Library, options: RunOptions,
+                     rng: np.random.Generator, on_turn: TurnCallback | None) -> None:
+        cand_ids = self.candidate_ids(library, options.label_only)
         errors = 0
         for index in range(options.max_turns):
-            ctx = state.ctx
+            ctx = state[0]
             turn = Turn(index=index, mode=options.mode, context_tokens=len(ctx))
             t0 = time.perf_counter()
             if options.mode == "ssr":
-                ctx, types = await self._select(ctx, library, cand_ids, options, state.rng, turn)
+                ctx = await self.turns.select(ctx, library, cand_ids, alpha=options.alpha, tau=options.tau,
+                                              label_only=options.label_only, rng=rng, turn=turn)
+                chosen = library.candidates[library.ids.index(turn.candidate_id or "")]
+                actions = allowed_actions(chosen.action)
             else:
-                ctx, types = await self._think(ctx, options, turn)
-            ctx, call = await self._act(ctx, types, turn)
-            if turn.action_type == "answer" and turn.error is None:
+                ctx = await self.turns.think(ctx, budget=options.reasoning_budget,
+                                             temperature=options.action_temperature, rng=rng, turn=turn)
+                actions = ALL_ACTIONS
+            choices = [self.turns.choice(a, len(ctx.images)) for a in actions]
+            ctx, decision = await self.turns.act(ctx, choices, temperature=options.action_temperature,
+                                                 rng=rng, turn=turn)
+            call = decision.call
+            if turn.action_type == "answer":
                 run.answer, run.outcome = turn.argument, "answered"
+                ctx = ctx.extend(self._end_of_turn)
             else:
                 ctx = await self._observe(ctx, call, turn, options)
                 errors += turn.error is not None
-            state.ctx = ctx
+            state[0] = ctx
             turn.turn_s = time.perf_counter() - t0
             self._record(run, turn)
             if on_turn is not None:
@@ -141,90 +177,21 @@ class Agent:
                 return
         run.outcome = "max_turns"
 
-    # ---- reasoning -----------------------------------------------------------------------------
-    async def _select(self, ctx: Context, library: Library, cand_ids: Sequence[Sequence[int]],
-                      options: RunOptions, rng: np.random.Generator, turn: Turn,
-                      ) -> tuple[Context, tuple[str, ...]]:
+    async def _observe(self, ctx: Context, call: ToolCall | None, turn: Turn, options: RunOptions) -> Context:
+        n = len(ctx.images)
+        if call is None:
+            text = invalid_action_text(self.format, self.chat.escape, turn.error or "no tool call")
+            turn.observation, turn.observation_ok = text, False
+            return ctx.extend(self.chat.observation(text, (), n))
         t0 = time.perf_counter()
-        scores = await self.engine.score(ctx, cand_ids)
-        sel = select([s.logprob_sum for s in scores], [s.num_tokens for s in scores],
-                     alpha=options.alpha, tau=options.tau, seed=rng)
-        turn.reasoning_s = time.perf_counter() - t0
-        cand = library.candidates[sel.index]
-        turn.candidate_id = cand.id
-        turn.reasoning = candidate_surface(cand, sel.index, options.label_only).strip()
-        turn.scores, turn.q = list(sel.scores), list(sel.q)
-        turn.cached_tokens = scores[0].cached_tokens
-        turn.context_tokens = scores[0].context_tokens or turn.context_tokens
-        turn.scored_tokens = sum(s.num_tokens for s in scores)
-        metrics.CANDIDATE_SELECTED.labels(library=library.name, candidate=cand.id).inc()
-        metrics.SCORED_TOKENS.inc(turn.scored_tokens)
-        return ctx.extend(cand_ids[sel.index]), allowed_types(cand.action)
-
-    async def _think(self, ctx: Context, options: RunOptions, turn: Turn) -> tuple[Context, tuple[str, ...]]:
-        t0 = time.perf_counter()
-        gen = await self.engine.generate(ctx, GenerationParams(
-            max_new_tokens=options.reasoning_budget, stop=("</think>",)))
-        turn.reasoning_s = time.perf_counter() - t0
-        turn.reasoning = gen.text.strip()
-        turn.reasoning_tokens = len(gen.token_ids)
-        turn.cached_tokens = gen.cached_tokens
-        turn.context_tokens = gen.prompt_tokens
-        ids = gen.token_ids[:-1] if gen.finish_reason == "eos" else gen.token_ids
-        ctx = ctx.extend(ids)
-        if gen.finish_reason != "stop":  # budget spent (or EOS): close the block ourselves
-            ctx = ctx.extend(self.prompt.encode("</think>"))
-        return ctx.extend(self.prompt.encode("\n\n")), ("image_search", "text_search", "zoom", "answer")
-
-    # ---- action --------------------------------------------------------------------------------
-    async def _act(self, ctx: Context, types: tuple[str, ...], turn: Turn) -> tuple[Context, ToolCall | None]:
-        t0 = time.perf_counter()
-        if turn.mode == "ssr":
-            ctx = ctx.extend(self._think_close)
-        if len(types) > 1:  # constrained choice among the allowed openings, by likelihood
-            scores = await self.engine.score(ctx, [self._openings[t] for t in types])
-            sel = select([s.logprob_sum for s in scores], [s.num_tokens for s in scores], tau=0.0)
-            types = (types[sel.index],)
-        grammar: ActionGrammar = GRAMMARS[types[0]]
-        ctx = ctx.extend(self._openings[grammar.type])
-        text = ""
-        closed = False
-        if grammar.max_new_tokens > 0:
-            gen = await self.engine.generate(ctx, GenerationParams(
-                max_new_tokens=grammar.max_new_tokens, stop=(grammar.closing,)))
-            text, closed = gen.text, gen.finish_reason == "stop"
-            turn.action_tokens = len(gen.token_ids)
-            ctx = ctx.extend(gen.token_ids[:-1] if gen.finish_reason == "eos" else gen.token_ids)
-        if not closed:
-            ctx = ctx.extend(self._closings[grammar.type])
-        turn.action_s = time.perf_counter() - t0
-        turn.action_type = grammar.type
-        turn.action_text = f"{grammar.opening}{text}{grammar.closing}"
-        turn.argument = text.strip()
-        try:
-            parsed = grammar.parse(text)
-        except ActionParseError as exc:
-            turn.error = exc.message
-            return ctx, None
-        turn.argument = parsed.argument
-        return ctx, parsed.call
-
-    async def _observe(self, ctx: Context, call: ToolCall | None, turn: Turn, options: RunOptions,
-                       ) -> Context:
-        new_images: tuple[ImageRef, ...] = ()
-        if turn.error is not None or call is None:
-            turn.observation = f"Invalid action: {turn.error or 'no tool call'}. Follow the action format."
-            turn.observation_ok = False
-        else:
-            t0 = time.perf_counter()
-            obs = await self.tools.run(call, ToolContext(ctx.images), options.tool_timeout_s)
-            turn.tool_s = time.perf_counter() - t0
-            turn.observation, turn.observation_ok = obs.text, obs.ok
-            if not obs.ok:
-                turn.error = obs.text
-            new_images = obs.images
-        ids = self.prompt.observation(turn.observation, new_images, len(ctx.images))
-        return ctx.extend(ids, new_images)
+        obs = await self.tools.run(call, ToolContext(ctx.images), options.tool_timeout_s)
+        turn.tool_s = time.perf_counter() - t0
+        text = observation_text(self.format, self.chat.escape, call.tool, obs, n)
+        turn.observation, turn.observation_ok = text, obs.ok
+        turn.tool_data = obs.data
+        if not obs.ok:
+            turn.error = obs.error
+        return ctx.extend(self.chat.observation(text, obs.images, n), obs.images)
 
     def _record(self, run: Run, turn: Turn) -> None:
         run.turns.append(turn)
@@ -232,8 +199,7 @@ class Agent:
         run.tool_s += turn.tool_s
         run.scored_tokens += turn.scored_tokens
         run.generated_tokens += turn.reasoning_tokens + turn.action_tokens
-        mode = turn.mode
-        metrics.REASONING_SECONDS.labels(mode=mode).observe(turn.reasoning_s)
-        metrics.ACTION_SECONDS.labels(mode=mode).observe(turn.action_s)
-        metrics.TURN_SECONDS.labels(mode=mode).observe(turn.turn_s)
-        metrics.GENERATED_TOKENS.labels(mode=mode).inc(turn.reasoning_tokens + turn.action_tokens)
+        metrics.observe_turn(turn.mode, turn.reasoning_s, turn.action_s, turn.turn_s,
+                             turn.reasoning_tokens + turn.action_tokens)
+
+

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Outcome = Literal["answered", "max_turns", "error", "cancelled", "timeout"]
+Outcome = Literal["answered", "max_turns", "error", "cancelled", "timeout", "context_limit"]
 
 
 @dataclass
@@ -16,10 +16,17 @@ class Turn:
     reasoning: str = ""  # the rationale pasted (ssr) or decoded (freeform)
     scores: list[float] | None = None  # S_i per candidate (ssr)
     q: list[float] | None = None  # selection probabilities (ssr)
-    action_type: str | None = None  # the forced action type
-    argument: str = ""
+    action_type: str | None = None  # image_search | text_search | zoom | answer
+    tool_name: str | None = None  # the tool as the format names it (e.g. text_search_tool)
+    argument: str = ""  # the answer, or the decoded arguments as JSON text
+    arguments: dict[str, Any] | None = None  # a tool call's decoded arguments
     action_text: str = ""  # the action as it stands in the context, tags included
-    observation: str = ""
+    observation: str = ""  # what the model read back (the format's text, placeholders included)
+    tool_data: dict[str, Any] | None = None  # the tool's structured result (hits, boxes, ...)
+    # [start, end) in the run's context (compact token ids) of the reasoning the model chose or decoded,
+    # and of the action tokens it decoded (forced openings and closings excluded): what RL trains on
+    reasoning_span: tuple[int, int] | None = None
+    action_span: tuple[int, int] | None = None
     observation_ok: bool = True
     error: str | None = None  # why the action or tool failed, if it did
     context_tokens: int = 0  # context length when the turn started

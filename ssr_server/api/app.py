@@ -5,41 +5,33 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ssr_server import __version__, metrics
+from ssr_server.agent.completion import Completer, ReasoningMemory
 from ssr_server.agent.loop import Agent
-from ssr_server.api.admission import Admission
+from ssr_server.api.admission import Admission, AdmissionGate
 from ssr_server.api.errors import error_response, install_error_handlers
-from ssr_server.api.images import ImageLimits
+from ssr_server.api.images import ImageLimits, return_freed_memory_to_the_os
+from ssr_server.api.shutdown import CountRequests, Drain, RequestCounter
+from ssr_server.api.state import AppState
 from ssr_server.api.stats import LatencyWindow
 from ssr_server.config import Settings
 from ssr_server.engine.base import Engine
+from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
 from ssr_server.tools.registry import ToolRegistry, build_registry, demo_registry
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class AppState:
-    settings: Settings
-    engine: Engine
-    agent: Agent
-    libraries: LibraryRegistry
-    tools: ToolRegistry
-    admission: Admission
-    stats: LatencyWindow
-    image_limits: ImageLimits
-    http: httpx.AsyncClient
 
 
 def build_tools(settings: Settings) -> ToolRegistry:
@@ -51,6 +43,10 @@ def build_tools(settings: Settings) -> ToolRegistry:
 
     root = Path(settings.cache_dir) if settings.cache_dir else default_tiny_dir().parent
     return demo_registry(root / "demo-world", default_timeout_s=settings.tool_timeout_s)
+
+
+# The routes that take an admission slot.
+ADMITTED_PATHS = frozenset({"/v1/agent/runs", "/v1/ssr/select", "/v1/chat/completions"})
 
 
 class BodyLimit:
@@ -98,7 +94,8 @@ class BodyLimit:
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         metrics.REQUESTS_REJECTED.labels(reason="body_too_large").inc()
-        resp = error_response(413, "payload_too_large", f"request body is over {self.max_bytes} bytes")
+        resp = error_response(413, "payload_too_large", f"request body is over {self.max_bytes} bytes",
+                              path=scope["path"])
         await resp(scope, receive, send)
 
 
@@ -117,7 +114,7 @@ class ApiKeyAuth:
         if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
             metrics.REQUESTS_REJECTED.labels(reason="unauthorized").inc()
             resp = error_response(401, "unauthorized", "missing or wrong API key (Authorization: Bearer ...)",
-                                  headers={"WWW-Authenticate": "Bearer"})
+                                  headers={"WWW-Authenticate": "Bearer"}, path=scope["path"])
             await resp(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -127,6 +124,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
                tools: ToolRegistry | None = None) -> FastAPI:
     """The app; ``engine``/``tools`` may be injected (tests share one loaded model between apps)."""
     settings = settings or Settings()
+    requests = RequestCounter()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -136,38 +134,64 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
         tl: ToolRegistry = tools if tools is not None else await asyncio.to_thread(build_tools, settings)
         libs = LibraryRegistry(settings.library_dirs)
         libs.get(settings.default_library)  # fail at start, not at the first request
+        return_freed_memory_to_the_os()  # decoded images are large, short-lived buffers
+        admission = Admission(settings.max_concurrent_runs, settings.max_queued_runs)
+        fmt = get_format(settings.prompt_format, settings.format_dirs)
+        agent = Agent(eng, tl, libs, fmt)
         state = AppState(
-            settings=settings, engine=eng, agent=Agent(eng, tl, libs), libraries=libs, tools=tl,
-            admission=Admission(settings.max_concurrent_runs, settings.max_queued_runs),
-            stats=LatencyWindow(settings.stats_window),
+            settings=settings, engine=eng, agent=agent, libraries=libs, tools=tl,
+            admission=admission, stats=LatencyWindow(settings.stats_window),
             image_limits=ImageLimits(
                 max_bytes=settings.max_image_bytes, max_pixels=settings.max_image_pixels,
                 allow_private=settings.allow_private_urls, allowlist=settings.url_allowlist,
-                timeout_s=settings.url_timeout_s, max_redirects=settings.url_max_redirects),
+                timeout_s=settings.url_timeout_s, max_redirects=settings.url_max_redirects,
+                keep_pixels=settings.image_keep_pixels,
+                decode_slots=asyncio.Semaphore(settings.image_decode_concurrency)),
             http=httpx.AsyncClient(follow_redirects=False, trust_env=False),
+            drain=Drain(admission, requests, settings.drain_timeout_s),
+            completer=Completer(agent), reasoning_memory=ReasoningMemory(settings.reasoning_memory_size),
+            started=int(time.time()),
         )
         app.state.ssr = state
         log.info("ssr-server ready: engine=%s", eng.name)
         try:
             yield
         finally:
-            drained = await state.admission.drain(settings.drain_timeout_s)
-            if not drained:
-                log.warning("shutdown: runs still in flight after %.0f s", settings.drain_timeout_s)
+            # Already done when `ssr-server serve` drained on the signal; under a plain uvicorn, here.
+            await state.drain.wait()
             await state.http.aclose()
             if tools is None:
                 await tl.aclose()
             if engine is None:
                 await eng.close()
 
-    app = FastAPI(title="ssr-server", version=__version__, lifespan=lifespan,
-                  description="Selection-based structured reasoning for small multimodal search agents.")
+    # FastAPIOffline: /docs and /redoc load Swagger UI and ReDoc from files in the installed package
+    # (no CDN), so the API docs also work on a machine without internet access.
+    app = FastAPIOffline(title="ssr-server", version=__version__, lifespan=lifespan,
+                         static_url="/docs-assets", swagger_ui_parameters={"validatorUrl": None},
+                         description=("Selection-based structured reasoning for small multimodal search"
+                                      " agents."))
     install_error_handlers(app)
+    from ssr_server.api.openai import router as openai_router
     from ssr_server.api.routes import router
 
     app.include_router(router)
+    app.include_router(openai_router)
+
+    def admission() -> Admission | None:
+        state: AppState | None = getattr(app.state, "ssr", None)
+        return None if state is None else state.admission
+
+    app.add_middleware(AdmissionGate, admission=admission, paths=ADMITTED_PATHS)
     if settings.api_key is not None and settings.api_key.get_secret_value():
         app.add_middleware(ApiKeyAuth, key=settings.api_key.get_secret_value(),
                            open_paths=settings.open_paths)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(CountRequests, counter=requests)  # outermost: every answer counts until sent
     return app
+
+
+async def drain_app(app: FastAPI) -> bool:
+    """Drain a started app (see ``api/shutdown.py``); True when no run had to be cancelled."""
+    state: AppState | None = getattr(app.state, "ssr", None)
+    return True if state is None else await state.drain.wait()

@@ -1,11 +1,9 @@
-"""Safe image intake: base64, data URLs and http(s) URLs, with size, pixel and format limits.
+"""Safe image intake: base64, data URLs and http(s) URLs (fetched by ``image_urls``), with size, pixel
+and format limits.
 
-URL fetching is SSRF-safe: http(s) only; the host is resolved and every address must be public
-(loopback, private, link-local, reserved, multicast and unspecified are refused unless the deployment
-allows private addresses); the connection goes to the address that was checked (no DNS rebinding
-between check and connect; TLS still verifies the original host name); redirects are followed by hand
-and every hop is checked again; the body is streamed under a byte cap and the whole fetch under a
-deadline.
+Decoding is bounded: at most as many images decode at once as ``decode_slots`` allows (a 16 MP image
+is 48 MB of pixels, more while converting), and what the server keeps is downscaled to ``keep_pixels``,
+so every later step (the model's image processor, zoom, image search) sees that resolution.
 """
 
 from __future__ import annotations
@@ -13,21 +11,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ctypes
+import ctypes.util
+import functools
 import io
-import ipaddress
+import math
 import re
-import socket
-from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from dataclasses import dataclass, field
 
 import httpx
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
+from ssr_server.api.errors import public_message
+from ssr_server.api.image_urls import fetch_url
 from ssr_server.engine.base import ImageRef
 from ssr_server.errors import InvalidImage, PayloadTooLarge
 
 ALLOWED_FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP"})
 _DATA_URL = re.compile(r"^data:image/[a-zA-Z0-9.+-]+;base64,", re.IGNORECASE)
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,34 @@ class ImageLimits:
     allowlist: tuple[str, ...] = ()
     timeout_s: float = 10.0
     max_redirects: int = 3
+    keep_pixels: int | None = None  # downscale larger images to this many pixels; None keeps them as sent
+    # Decodes at once (None: unbounded); shared by every request of one app.
+    decode_slots: asyncio.Semaphore | None = field(default=None, compare=False, repr=False)
+
+
+def return_freed_memory_to_the_os() -> None:
+    """Let freed image buffers leave the process (glibc only; elsewhere a no-op).
+
+    glibc serves large blocks with mmap and unmaps them when freed, but after the first such free it
+    raises its mmap threshold (up to 32 MB), so later image buffers (Pillow allocates in 16 MB blocks)
+    come from per-thread heaps that keep them after free: RSS then grows with every decode thread's
+    high-water mark. A fixed 1 MB threshold keeps big buffers mmapped (and turns the adjustment off).
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+    except (OSError, AttributeError):
+        pass
+
+
+def _downscale(img: Image.Image, keep_pixels: int | None) -> Image.Image:
+    w, h = img.size
+    if keep_pixels is None or w * h <= keep_pixels:
+        return img
+    scale = math.sqrt(keep_pixels / (w * h))
+    size = (max(1, int(w * scale)), max(1, int(h * scale)))
+    # reducing_gap: a cheap integer box reduction first, then Lanczos on the much smaller picture.
+    return img.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
 
 
 def decode_image_bytes(data: bytes, limits: ImageLimits) -> ImageRef:
@@ -57,14 +87,21 @@ def decode_image_bytes(data: bytes, limits: ImageLimits) -> ImageRef:
             raise PayloadTooLarge(f"image is {w}x{h} pixels; the limit is {max_pixels} pixels")
         if min(w, h) < 1 or max(w, h) / min(w, h) > 100:
             raise InvalidImage(f"image aspect ratio {w}x{h} is too extreme (at most 100:1)")
+        if limits.keep_pixels is not None and w * h > limits.keep_pixels and img.format == "JPEG":
+            # libjpeg decodes at 1/2, 1/4 or 1/8 scale directly: less memory and time than full size.
+            scale = math.sqrt(limits.keep_pixels / (w * h))
+            img.draft("RGB", (math.ceil(w * scale), math.ceil(h * scale)))
         img.load()
-        rgb = img.convert("RGB")
+        rgb = _downscale(img if img.mode == "RGB" else img.convert("RGB"), limits.keep_pixels)
     except (InvalidImage, PayloadTooLarge):
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise PayloadTooLarge(f"image rejected as a decompression bomb: {exc}") from None
+        raise PayloadTooLarge(f"image rejected as a decompression bomb: {public_message(str(exc))}") from None
+    except UnidentifiedImageError:
+        raise InvalidImage(f"image format not recognised; use one of {sorted(ALLOWED_FORMATS)}") from None
     except Exception as exc:  # Pillow raises many types for broken files
-        raise InvalidImage(f"image could not be decoded: {type(exc).__name__}: {exc}") from None
+        raise InvalidImage(f"image could not be decoded: {type(exc).__name__}: "
+                           f"{public_message(str(exc))}") from None
     return ImageRef.from_pil(rgb)
 
 
@@ -78,6 +115,26 @@ def decode_base64(spec: str, limits: ImageLimits) -> bytes:
         raise InvalidImage("image is neither valid base64 nor an http(s) URL") from None
 
 
+async def decode_bounded(data: bytes, limits: ImageLimits) -> ImageRef:
+    """``decode_image_bytes`` in a worker thread, holding one of ``limits.decode_slots``."""
+    if limits.decode_slots is None:
+        return await asyncio.to_thread(decode_image_bytes, data, limits)
+    slots = limits.decode_slots
+    await slots.acquire()
+    loop = asyncio.get_running_loop()
+    work = loop.run_in_executor(None, functools.partial(decode_image_bytes, data, limits))
+
+    def done(f: asyncio.Future[ImageRef]) -> None:
+        # The slot is freed when the thread is done, not when a cancelled caller stops waiting:
+        # the bound holds for the pixels in memory, not only for the requests still waiting.
+        slots.release()
+        if not f.cancelled():
+            f.exception()  # retrieved, so a caller gone meanwhile leaves no "never retrieved" log
+
+    work.add_done_callback(done)
+    return await asyncio.shield(work)
+
+
 async def load_image(spec: str, limits: ImageLimits, client: httpx.AsyncClient | None = None) -> ImageRef:
     s = spec.strip()
     if s.lower().startswith(("http://", "https://")):
@@ -86,95 +143,8 @@ async def load_image(spec: str, limits: ImageLimits, client: httpx.AsyncClient |
         raise InvalidImage(f"URL scheme not allowed: {s.split('://', 1)[0]!r}; use http or https")
     else:
         data = decode_base64(s, limits)
-    return await asyncio.to_thread(decode_image_bytes, data, limits)
+    return await decode_bounded(data, limits)
 
 
-def _check_address(ip: ipaddress.IPv4Address | ipaddress.IPv6Address, host: str) -> None:
-    if isinstance(ip, ipaddress.IPv6Address) and ip.sixtofour is not None:
-        _check_address(ip.sixtofour, host)  # 2002::/16 embeds an IPv4 address a relay would reach
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    bad = (ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_reserved or ip.is_multicast
-           or ip.is_unspecified or not ip.is_global)
-    if bad:
-        raise InvalidImage(f"image URL host {host!r} resolves to a non-public address ({ip}); refused")
-
-
-async def _resolve(host: str, port: int, limits: ImageLimits) -> str:
-    """Resolve and vet ``host``; returns the address to connect to."""
-    try:
-        literal = ipaddress.ip_address(host)
-        addrs = [str(literal)]
-    except ValueError:
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except OSError as exc:
-            raise InvalidImage(f"image URL host {host!r} does not resolve: {exc}") from None
-        addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
-    if not limits.allow_private:
-        for a in addrs:
-            _check_address(ipaddress.ip_address(a), host)
-    return addrs[0]
-
-
-def _check_url(url: str, limits: ImageLimits) -> tuple[str, str, int]:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise InvalidImage(f"URL scheme not allowed: {parts.scheme!r}; use http or https")
-    host = parts.hostname
-    if not host:
-        raise InvalidImage("image URL has no host")
-    if parts.username or parts.password:
-        raise InvalidImage("image URLs with credentials are not accepted")
-    if limits.allowlist and not any(host == d or host.endswith("." + d) for d in limits.allowlist):
-        raise InvalidImage(f"image URL host {host!r} is not in the allow-list")
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    return parts.scheme, host, port
-
-
-async def fetch_url(url: str, limits: ImageLimits, client: httpx.AsyncClient | None = None) -> bytes:
-    own = client is None
-    client = client or httpx.AsyncClient(follow_redirects=False, trust_env=False)
-    try:
-        async with asyncio.timeout(limits.timeout_s):
-            return await _fetch(url, limits, client)
-    except TimeoutError:
-        raise InvalidImage(f"fetching the image URL took longer than {limits.timeout_s:g} s") from None
-    finally:
-        if own:
-            await client.aclose()
-
-
-async def _fetch(url: str, limits: ImageLimits, client: httpx.AsyncClient) -> bytes:
-    for _ in range(limits.max_redirects + 1):
-        scheme, host, port = _check_url(url, limits)
-        ip = await _resolve(host, port, limits)
-        # Connect to the vetted address; keep the Host header and TLS name of the original host.
-        target = httpx.URL(url).copy_with(host=ip)
-        headers = {"Host": host if port in (80, 443) else f"{host}:{port}", "Accept": "image/*"}
-        extensions = {"sni_hostname": host} if scheme == "https" else {}
-        try:
-            async with client.stream("GET", target, headers=headers, extensions=extensions,
-                                     follow_redirects=False) as resp:
-                if resp.status_code in (301, 302, 303, 307, 308):
-                    loc = resp.headers.get("location")
-                    if not loc:
-                        raise InvalidImage("image URL redirected without a Location")
-                    url = urljoin(url, loc)
-                    continue
-                if resp.status_code != 200:
-                    raise InvalidImage(f"image URL answered HTTP {resp.status_code}")
-                declared = resp.headers.get("content-length")
-                if declared and declared.isdigit() and int(declared) > limits.max_bytes:
-                    raise PayloadTooLarge(
-                        f"image at URL is {declared} bytes; the limit is {limits.max_bytes}")
-                buf = bytearray()
-                async for piece in resp.aiter_bytes():
-                    buf += piece
-                    if len(buf) > limits.max_bytes:
-                        raise PayloadTooLarge(f"image at URL is over the {limits.max_bytes}-byte limit")
-                return bytes(buf)
-        except httpx.HTTPError as exc:
-            raise InvalidImage(f"fetching the image URL failed: {type(exc).__name__}: {exc}") from None
-    raise InvalidImage(f"image URL redirected more than {limits.max_redirects} times")
+__all__ = ["ALLOWED_FORMATS", "ImageLimits", "decode_base64", "decode_bounded", "decode_image_bytes",
+           "fetch_url", "load_image", "return_freed_memory_to_the_os"]

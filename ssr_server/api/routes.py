@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -13,11 +12,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sse_starlette.sse import EventSourceResponse
 
 from ssr_server import metrics
+from ssr_server.agent.chat import Message
 from ssr_server.agent.loop import RunOptions
-from ssr_server.agent.prompt import THINK_OPEN, sanitize
+from ssr_server.agent.step import select_step
 from ssr_server.agent.trace import Run, Turn
-from ssr_server.api.admission import Ticket
-from ssr_server.api.app import AppState
+from ssr_server.api.admission import acquire_or_disconnect
 from ssr_server.api.errors import error_payload
 from ssr_server.api.images import load_image
 from ssr_server.api.schemas import (
@@ -30,10 +29,10 @@ from ssr_server.api.schemas import (
     TurnOut,
     Usage,
 )
+from ssr_server.api.state import AppState
 from ssr_server.engine.base import Context, ImageRef
-from ssr_server.errors import InvalidRequest, PayloadTooLarge
+from ssr_server.errors import InvalidRequest, PayloadTooLarge, ShuttingDown
 from ssr_server.library import Library
-from ssr_server.selection import select
 
 router = APIRouter()
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -132,13 +131,15 @@ async def create_run(body: RunRequest, request: Request) -> Any:
         mode=body.mode, library=body.library or st.settings.default_library,
         candidates=tuple(body.candidates or ()), tau=body.tau, alpha=body.alpha, max_turns=max_turns,
         seed=body.seed, label_only=body.label_only, reasoning_budget=body.reasoning_budget,
+        action_temperature=body.action_temperature,
         tool_timeout_s=st.settings.tool_timeout_s)
     options.validate()
     st.agent.library_for(options)  # unknown library -> 404 before any work
-    images = await _images(st, body.images)
-    ticket = await _acquire_or_disconnect(st, request)
+    # Admission before any image is fetched or decoded: a refused request (429) costs no image work.
+    ticket = await acquire_or_disconnect(st.admission, request)
     if ticket is None:  # the client left while queued
         return Response(status_code=499)
+    images = await ticket.guard(_images(st, body.images))  # a bad image frees the slot
     queue: asyncio.Queue[Turn] = asyncio.Queue()
 
     async def on_turn(turn: Turn) -> None:
@@ -147,37 +148,13 @@ async def create_run(body: RunRequest, request: Request) -> Any:
     task = asyncio.create_task(st.agent.run(
         body.question, images, options, on_turn=on_turn if body.stream else None,
         deadline_s=st.settings.run_deadline_s))
+    ticket.bind(task)  # cancelled at the shutdown drain's deadline
     task.add_done_callback(ticket.release)
     task.add_done_callback(lambda t: st.stats.add_run(t.result()) if _ok(t) else None)
     if body.stream:
         return EventSourceResponse(_events(task, queue), ping=15,
                                    shutdown_grace_period=st.settings.drain_timeout_s)
     return await _until_done_or_disconnect(task, request)
-
-
-async def _acquire_or_disconnect(st: AppState, request: Request) -> Ticket | None:
-    """Wait for an admission slot; a client that goes away while queued gives its place back."""
-    acquiring = asyncio.ensure_future(st.admission.acquire())
-    try:
-        while True:
-            done, _ = await asyncio.wait({acquiring}, timeout=0.25)
-            if done:
-                return acquiring.result()  # Overloaded / ShuttingDown propagate
-            if await request.is_disconnected():
-                break
-    except BaseException:
-        _abandon(acquiring)
-        raise
-    _abandon(acquiring)
-    metrics.REQUESTS_REJECTED.labels(reason="client_disconnected").inc()
-    return None
-
-
-def _abandon(acquiring: asyncio.Future[Ticket]) -> None:
-    if acquiring.cancel():  # still queued: Admission.acquire gives the place back
-        return
-    if not acquiring.cancelled() and acquiring.exception() is None:
-        acquiring.result().release()  # admitted meanwhile, but nobody will use the slot
 
 
 def _ok(task: asyncio.Task[Run]) -> bool:
@@ -189,6 +166,8 @@ async def _until_done_or_disconnect(task: asyncio.Task[Run], request: Request) -
     while True:
         done, _ = await asyncio.wait({task}, timeout=0.25)
         if done:
+            if task.cancelled():  # by the shutdown drain's deadline (a client gone is handled below)
+                raise ShuttingDown("the server shut down before the run finished; retry on another replica")
             return _response(task.result())  # engine errors propagate to the error handlers
         if await request.is_disconnected():
             task.cancel()
@@ -209,67 +188,74 @@ async def _events(task: asyncio.Task[Run], queue: asyncio.Queue[Turn]) -> AsyncI
             while not queue.empty():
                 yield {"event": "turn", "data": _turn_out(queue.get_nowait()).model_dump_json()}
             break
-        exc = task.exception()
+        exc = (ShuttingDown("the server shut down before the run finished; retry on another replica")
+               if task.cancelled() else task.exception())  # cancelled: by the shutdown drain's deadline
         if exc is None:
             yield {"event": "run", "data": _response(task.result()).model_dump_json()}
         else:
             status, payload = error_payload(exc)
             yield {"event": "error", "data": json.dumps({"status": status, "error": payload})}
     finally:
-        if not task.done():
+        if not task.done():  # the stream was dropped before the run ended
             task.cancel()
+            metrics.REQUESTS_REJECTED.labels(reason="client_disconnected").inc()
 
 
 # ---- one selection step ------------------------------------------------------------------------
-async def _render_messages(st: AppState, body: SelectRequest) -> Context:
-    messages: list[dict[str, Any]] = []
+_Pieces = list[tuple[str, list[str | int]]]  # (role, [text | index into the image specs])
+
+
+def _parse_messages(st: AppState, body: SelectRequest) -> tuple[_Pieces, list[str]]:
+    """The messages as roles and pieces, and the image specs they name; limits checked (no I/O yet)."""
+    parsed: _Pieces = []
     specs: list[str] = []
     texts: list[str] = []
     for m in body.messages:
-        if isinstance(m.content, str):
-            texts.append(m.content)
-            messages.append({"role": m.role, "content": sanitize(m.content)})
-            continue
-        parts: list[dict[str, str]] = []
-        for p in m.content:
-            if p.type == "image":
+        pieces: list[str | int] = []
+        for p in ([m.content] if isinstance(m.content, str) else m.content):
+            if isinstance(p, str):
+                pieces.append(p)
+                texts.append(p)
+            elif p.type == "image":
                 if not p.image:
                     raise InvalidRequest("an image part needs 'image' (base64, data URL or http(s) URL)")
+                pieces.append(len(specs))
                 specs.append(p.image)
-                parts.append({"type": "image"})
             else:
+                pieces.append(p.text or "")
                 texts.append(p.text or "")
-                parts.append({"type": "text", "text": sanitize(p.text or "")})
-        messages.append({"role": m.role, "content": parts})
+        parsed.append((m.role, pieces))
     _check_limits(st, "\n".join(texts), specs, body.candidates)
+    return parsed, specs
+
+
+async def _render_messages(st: AppState, parsed: _Pieces, specs: Sequence[str], library: Library) -> Context:
     images = await _images(st, specs)
-    tok = st.engine.tokenizer
-    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + THINK_OPEN
-    return Context(tuple(tok.encode(text, add_special_tokens=False)), tuple(images))
+    messages = [Message(role, tuple(images[p] if isinstance(p, int) else p for p in pieces))  # type: ignore[arg-type]
+                for role, pieces in parsed]
+    return st.agent.chat.render(messages, library)
 
 
 @router.post("/v1/ssr/select", tags=["agent"], response_model=SelectResponse, responses=_ERRORS)
-async def select_step(body: SelectRequest, request: Request) -> SelectResponse:
+async def select_route(body: SelectRequest, request: Request) -> SelectResponse:
+    """One selection step on a conversation (the format's system prompt for the library comes first
+    when the messages hold no system message)."""
     st = _state(request)
     if len(body.messages) > st.settings.max_messages:
         raise PayloadTooLarge(f"{len(body.messages)} messages; the limit is {st.settings.max_messages}")
     library = (Library.from_texts(body.candidates) if body.candidates
                else st.libraries.get(body.library or st.settings.default_library))
-    ctx = await _render_messages(st, body)
-    cand_ids = library.candidate_token_ids(st.engine.tokenizer, label_only=body.label_only)
-    async with st.admission.slot():
-        t0 = time.perf_counter()
-        scores = await st.engine.score(ctx, cand_ids)
-        sel = select([s.logprob_sum for s in scores], [s.num_tokens for s in scores],
-                     alpha=body.alpha, tau=body.tau, seed=body.seed)
-        latency = time.perf_counter() - t0
-    cand = library.candidates[sel.index]
-    metrics.CANDIDATE_SELECTED.labels(library=library.name, candidate=cand.id).inc()
-    metrics.SCORED_TOKENS.inc(sum(s.num_tokens for s in scores))
+    parsed, specs = _parse_messages(st, body)
+    async with st.admission.slot():  # 429 before any image is fetched or decoded
+        ctx = await _render_messages(st, parsed, specs, library)
+        step = await select_step(st.engine, ctx, library, st.agent.candidate_ids(library, body.label_only),
+                                 alpha=body.alpha, tau=body.tau, seed=body.seed)
+    cand = step.candidate
     return SelectResponse(
-        index=sel.index, candidate_id=cand.id, text=cand.text, action=cand.action, scores=list(sel.scores),
-        q=list(sel.q), logprob_sums=[s.logprob_sum for s in scores],
-        token_counts=[s.num_tokens for s in scores], context_tokens=len(ctx), latency_s=latency)
+        index=step.selection.index, candidate_id=cand.id, text=cand.text, action=cand.action,
+        scores=list(step.selection.scores), q=list(step.selection.q),
+        logprob_sums=[s.logprob_sum for s in step.scores], token_counts=[s.num_tokens for s in step.scores],
+        context_tokens=len(ctx), latency_s=step.latency_s)
 
 
 __all__ = ["router"]

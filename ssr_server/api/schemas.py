@@ -6,6 +6,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from ssr_server.agent.trace import Outcome
+from ssr_server.limits import MAX_ALPHA, MAX_REASONING_TOKENS, MAX_SEED, MAX_TAU, MAX_TURNS
+
 
 def _encodable(value: str) -> str:
     try:
@@ -30,11 +33,13 @@ class RunRequest(_Strict):
     library: str | None = Field(None, description="rationale library name (default: the server's)")
     candidates: list[Text] | None = Field(None, description="explicit rationale texts instead of a library")
     label_only: bool = False
-    tau: float = Field(0.0, ge=0.0, le=100.0)
-    alpha: float = Field(1.0, ge=0.0, le=10.0)
-    max_turns: int | None = Field(None, ge=1, le=32)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    reasoning_budget: int = Field(256, ge=1, le=2048)
+    tau: float = Field(0.0, ge=0.0, le=MAX_TAU)
+    alpha: float = Field(1.0, ge=0.0, le=MAX_ALPHA)
+    max_turns: int | None = Field(None, ge=1, le=MAX_TURNS)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    reasoning_budget: int = Field(256, ge=1, le=MAX_REASONING_TOKENS)
+    action_temperature: float = Field(0.0, ge=0.0, le=10.0,
+                                      description="0: greedy actions; > 0 samples the action tokens")
     stream: bool = False
 
 
@@ -46,10 +51,15 @@ class TurnOut(BaseModel):
     scores: list[float] | None
     q: list[float] | None
     action_type: str | None
+    tool_name: str | None
     argument: str
+    arguments: dict[str, Any] | None
     action_text: str
     observation: str
     observation_ok: bool
+    tool_data: dict[str, Any] | None
+    reasoning_span: tuple[int, int] | None
+    action_span: tuple[int, int] | None
     error: str | None
     context_tokens: int
     cached_tokens: int
@@ -79,7 +89,7 @@ class RunResponse(BaseModel):
     question: str
     mode: str
     library: str
-    outcome: Literal["answered", "max_turns", "error", "cancelled", "timeout"]
+    outcome: Outcome
     answer: str | None
     error: str | None
     turns: list[TurnOut]
@@ -103,9 +113,9 @@ class SelectRequest(_Strict):
     library: str | None = None
     candidates: list[Text] | None = None
     label_only: bool = False
-    tau: float = Field(0.0, ge=0.0, le=100.0)
-    alpha: float = Field(1.0, ge=0.0, le=10.0)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    tau: float = Field(0.0, ge=0.0, le=MAX_TAU)
+    alpha: float = Field(1.0, ge=0.0, le=MAX_ALPHA)
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
 
 
 class SelectResponse(BaseModel):

@@ -40,6 +40,8 @@ import torch
 from PIL import Image, ImageDraw
 
 from ssr_server.engine.base import Context, ImageRef
+from ssr_server.engine.torch import segments
+from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.loader import LoadedModel, configure_bf16_matmul, load_model, resolve_dtype
 from ssr_server.engine.torch.multimodal import ImageCache, expand
 from ssr_server.engine.torch.prefix_cache import CacheEntry, PrefixCache
@@ -64,7 +66,6 @@ QWEN3_0P6B: dict[str, Any] = {
 }
 
 QUESTION = "What is the name of this landmark, and in which year was it completed?"
-ACTION = "</think>\n\n<image_search></image_search>"
 RESULTS = (
     "Eiffel Tower - Wikipedia. The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in "
     "Paris, France. It is named after the engineer Gustave Eiffel, whose company designed and built it.",
@@ -105,7 +106,7 @@ def build_random_qwen3(dtype: str = "bf16", shape: str = "0.6b", seed: int = 0,
         raise EngineError(f"unknown shape {shape!r}; known: 0.6b")
     torch_dtype = resolve_dtype(dtype)
     config = Qwen3Config(**QWEN3_0P6B)
-    config._attn_implementation = "sdpa"  # what load_model asks for
+    config._attn_implementation = segments.register()  # what load_model asks for
     # Construct on the meta device in the target dtype, then allocate once and fill with N(0, 0.02):
     # transformers' default init (fp32, then a cast) takes several times longer for 0.6B parameters.
     previous = torch.get_default_dtype()
@@ -134,17 +135,23 @@ def build_random_qwen3(dtype: str = "bf16", shape: str = "0.6b", seed: int = 0,
                        name=f"random Qwen3 {shape} shape (in memory)")
 
 
+def _config(dtype: str, bf16_matmul: str) -> EngineConfig:
+    if bf16_matmul not in ("auto", "native", "fp32"):
+        raise EngineError(f"bf16_matmul must be auto, native or fp32, not {bf16_matmul!r}")
+    return EngineConfig(dtype=dtype, bf16_matmul=bf16_matmul)  # type: ignore[arg-type]
+
+
 def _load(model: str | None, shape: str | None, dtype: str, bf16_matmul: str = "auto") -> LoadedModel:
     if shape:
         return build_random_qwen3(dtype, shape, bf16_matmul=bf16_matmul)
     if model:
-        return load_model(model, dtype=dtype, bf16_matmul=bf16_matmul)
+        return load_model(model, _config(dtype, bf16_matmul))
     from ssr_server.engine.tiny import build_tiny_model
 
     tmp = Path(tempfile.mkdtemp(prefix="ssr-bench-tiny-"))
     try:
         build_tiny_model(tmp / "model", seed=0)
-        lm = load_model(str(tmp / "model"), dtype=dtype, bf16_matmul=bf16_matmul)
+        lm = load_model(str(tmp / "model"), _config(dtype, bf16_matmul))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return dataclasses.replace(lm, name="tiny Qwen3-VL (seed 0, built offline)")
@@ -164,25 +171,33 @@ def _bench_image() -> ImageRef:
 def bench_context(lm: LoadedModel, candidates: Sequence[Sequence[int]],
                   target_tokens: int = CONTEXT_TOKENS) -> Context:
     """Turn 2 of an agent run: prompt (+ image), chosen rationale, action, observation; ~target tokens."""
-    from ssr_server.agent.prompt import PromptBuilder
+    from ssr_server.agent.chat import ChatRenderer
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
 
-    builder = PromptBuilder(lm.tokenizer)
+    fmt = get_format()
+    chat = ChatRenderer(lm.tokenizer, fmt)
     images = (_bench_image(),) if lm.is_vl else ()
-    head = builder.start(QUESTION, images).extend(list(candidates[0]) + list(builder.encode(ACTION)))
+    action = chat.encode(fmt.tool_call_text("image_search", {}))
+    head = chat.start(QUESTION, images, LibraryRegistry().get("default"))
+    head = head.extend(list(candidates[0]) + list(action))
     cache = ImageCache()
     ctx = head
     for n in range(1, 64):
         lines = [f"{i + 1}. {RESULTS[i % len(RESULTS)]}" for i in range(n)]
-        ctx = head.extend(builder.observation("Search results:\n" + "\n".join(lines), (), len(images)))
+        ctx = head.extend(chat.observation("Search results:\n" + "\n".join(lines), (), len(images)))
         if len(expand(lm, ctx, cache).ids) >= target_tokens:
             break
     return ctx
 
 
 def default_candidates(lm: LoadedModel) -> list[list[int]]:
+    from ssr_server.formats.format import get_format
     from ssr_server.library import LibraryRegistry
 
-    return [list(c) for c in LibraryRegistry().get("default").candidate_token_ids(lm.tokenizer)]
+    library = LibraryRegistry().get("default")
+    surfaces = get_format().candidate_surfaces(library)
+    return [list(c) for c in library.candidate_token_ids(lm.tokenizer, surfaces)]
 
 
 # ---------------------------------------------------------------- measurements
@@ -198,7 +213,7 @@ def _packed_cold(lm: LoadedModel, ctx: Context, cands: list[list[int]]) -> tuple
     """Empty prefix cache: prefill, then the packed forward. Returns (prefill_ms, score_ms, scores)."""
     runner = ModelRunner(lm, PrefixCache(CACHE_BYTES))
     t0 = time.perf_counter()
-    p = runner.prepare(ctx)
+    p = runner.prepare(ctx, reserve=sum(len(c) for c in cands))  # as the engine prepares a score job
     runner.prefill([p])
     t1 = time.perf_counter()
     assert p.entry is not None  # internal invariant: prefill inserts the entry
@@ -226,8 +241,8 @@ def greedy_decode(runner: ModelRunner, entry: CacheEntry, n: int) -> list[int]:
         out.append(tok)
         if i == n - 1:
             break
-        res = runner.forward([Chunk(kv, [tok], torch.full((dims, 1), pos, dtype=torch.long), [0],
-                                    past_len=kv.length)])[0]
+        pos_t = torch.full((dims, 1), pos, dtype=torch.long, device=runner.device)
+        res = runner.forward([Chunk(kv, [tok], pos_t, [0], past_len=kv.length)])[0]
         if res.inplace:
             kv.length += 1
         else:

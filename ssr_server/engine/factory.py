@@ -23,8 +23,7 @@ def build_engine(settings: Settings) -> Engine:
 
         return SGLangEngine(settings.sglang_url, model=resolve_model(settings),
                             scoring=settings.sglang_scoring, timeout_s=settings.sglang_timeout_s)
+    from ssr_server.engine.torch.config import EngineConfig
     from ssr_server.engine.torch.engine import TorchEngine
 
-    return TorchEngine(resolve_model(settings), dtype=settings.dtype, device=settings.device,
-                       cache_bytes=settings.prefix_cache_mb * 1024 * 1024, threads=settings.torch_threads,
-                       bf16_matmul=settings.bf16_matmul)
+    return TorchEngine(resolve_model(settings), EngineConfig.from_settings(settings))

@@ -17,9 +17,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 Vocab = Literal["trained", "qwen"]
 
@@ -90,6 +91,25 @@ class TinyShape:
     vision_intermediate_size: int = 128
     trained_vocab_size: int = 2048
 
+    @classmethod
+    def parse(cls, spec: str) -> TinyShape:
+        """``"HxL"``: hidden size H, L layers, heads of 32 dims (half as many KV heads), MLP 3H; the
+        vision tower grows with H up to 128 wide (2 layers). ``"tiny"`` is the default shape."""
+        if spec == "tiny":
+            return cls()
+        try:
+            hidden, layers = (int(x) for x in spec.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"shape {spec!r}: expected HIDDENxLAYERS such as 256x4, or tiny") from None
+        if hidden % 64 or not 1 <= layers <= 48 or not 64 <= hidden <= 4096:
+            raise ValueError(f"shape {spec!r}: hidden must be a multiple of 64 in 64..4096, layers 1..48")
+        heads = hidden // 32
+        vision = min(hidden, 128)
+        return cls(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                   num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
+                   vision_hidden_size=vision, vision_heads=max(2, vision // 32),
+                   vision_intermediate_size=2 * vision, trained_vocab_size=4096)
+
 
 def _load_tiktoken_ranks(path: Path) -> dict[bytes, int]:
     ranks: dict[bytes, int] = {}
@@ -115,7 +135,7 @@ def _qwen_bpe_tokenizer() -> object:
     return _Converter(vocab_file=str(path), pattern=QWEN_PATTERN).converted()
 
 
-def _trained_bpe_tokenizer(vocab_size: int) -> object:
+def _trained_bpe_tokenizer(vocab_size: int, corpus: Iterable[str] | None = None) -> object:
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -129,17 +149,20 @@ def _trained_bpe_tokenizer(vocab_size: int) -> object:
         vocab_size=vocab_size, min_frequency=1, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    lines = [ln for ln in _CORPUS.strip().splitlines() for _ in range(3)]
+    lines = [ln for ln in _CORPUS.strip().splitlines() for _ in range(3)] if corpus is None else corpus
     tok.train_from_iterator(lines, trainer=trainer)
     return tok
 
 
-def build_tokenizer(vocab: Vocab, shape: TinyShape = TinyShape()) -> object:
-    """A PreTrainedTokenizerFast with Qwen's special tokens and our chat template."""
+def build_tokenizer(vocab: Vocab, shape: TinyShape = TinyShape(),
+                    corpus: Iterable[str] | None = None) -> object:
+    """A PreTrainedTokenizerFast with Qwen's special tokens and our chat template. ``trained`` learns a
+    byte-level BPE of ``shape.trained_vocab_size`` on ``corpus`` (default: a small built-in text)."""
     from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    base = _qwen_bpe_tokenizer() if vocab == "qwen" else _trained_bpe_tokenizer(shape.trained_vocab_size)
+    base = (_qwen_bpe_tokenizer() if vocab == "qwen"
+            else _trained_bpe_tokenizer(shape.trained_vocab_size, corpus))
     assert isinstance(base, Tokenizer)  # internal invariant, not user input
     base.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     base.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
@@ -153,18 +176,13 @@ def build_tokenizer(vocab: Vocab, shape: TinyShape = TinyShape()) -> object:
     return tok
 
 
-def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0, vocab: Vocab = "trained",
-                     shape: TinyShape = TinyShape()) -> Path:
-    """Write tokenizer, image-processor config, model config and seeded safetensors to ``out_dir``."""
-    import torch
-    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+def make_config(tok: Any, shape: TinyShape) -> Any:
+    """A Qwen3-VL config of ``shape`` around ``tok``'s vocabulary (padded to a multiple of 64, as real
+    checkpoints are) with the image/vision token ids taken from the tokenizer."""
+    from transformers import Qwen3VLConfig
 
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer(vocab, shape)
-    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}  # type: ignore[attr-defined]
-    vocab_size = len(tok)  # type: ignore[arg-type]
-    vocab_size = (vocab_size + 63) // 64 * 64  # pad like real checkpoints do
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    vocab_size = (len(tok) + 63) // 64 * 64
     config = Qwen3VLConfig(
         text_config={
             "vocab_size": vocab_size, "hidden_size": shape.hidden_size,
@@ -191,8 +209,30 @@ def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0, vocab: Voca
         tie_word_embeddings=False,
     )
     config.eos_token_id = ids["<|im_end|>"]
+    return config
+
+
+def save_model(model: Any, tok: Any, out: str | os.PathLike[str], meta: dict[str, Any]) -> Path:
+    """The Hugging Face layout every loader here reads: weights, config, tokenizer, image-processor config,
+    and ``ssr_tiny.json`` (how the model was made)."""
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tok.save_pretrained(path)
+    write_processor_config(path)
+    (path / "ssr_tiny.json").write_text(json.dumps(meta, indent=1))
+    return path
+
+
+def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0, vocab: Vocab = "trained",
+                     shape: TinyShape = TinyShape()) -> Path:
+    """Write tokenizer, image-processor config, model config and seeded safetensors to ``out_dir``."""
+    import torch
+    from transformers import Qwen3VLForConditionalGeneration
+
+    tok: Any = build_tokenizer(vocab, shape)
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config)
+    model = Qwen3VLForConditionalGeneration(make_config(tok, shape))
     # post_init draws std 0.02 weights: nearly uniform next-token distributions. A larger spread gives the
     # tiny model opinions, so that candidate scores differ and decoding is not a random walk.
     with torch.no_grad():
@@ -200,14 +240,10 @@ def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0, vocab: Voca
         for name, p in model.named_parameters():
             if p.dim() >= 2 and ("embed_tokens" in name or "lm_head" in name):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-    model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)  # type: ignore[attr-defined]
-    _write_processor_config(out)
-    (out / "ssr_tiny.json").write_text(json.dumps({"seed": seed, "vocab": vocab}, indent=1))
-    return out
+    return save_model(model, tok, out_dir, {"seed": seed, "vocab": vocab})
 
 
-def _write_processor_config(out: Path) -> None:
+def write_processor_config(out: Path) -> None:
     # Written by hand: Qwen3VLProcessor.save_pretrained needs torchvision (a CUDA-only build here).
     pixels = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 64}  # at most 64 merged tokens
     cfg = {

@@ -19,30 +19,19 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ssr_server.loadtest.generator import LoadResult, RequestRecord
+from ssr_server.summary import percentiles
+
+__all__ = ["GOOD_OUTCOMES", "format_table", "percentiles", "summarize", "timeline", "write_json", "write_png",
+           "write_report"]
 
 GOOD_OUTCOMES = frozenset({"answered", "max_turns"})
-
-
-def percentiles(values: Sequence[float] | Iterable[float], qs: Sequence[int] = (50, 95, 99),
-                ) -> dict[str, float | None]:
-    """``{"p50": ..., "p95": ..., "p99": ..., "mean", "max", "n"}``; None entries when there is no data."""
-    arr = np.asarray(list(values), dtype=float)
-    out: dict[str, float | None] = {}
-    if arr.size == 0:
-        out.update({f"p{q}": None for q in qs})
-        out.update(mean=None, max=None, n=0)
-        return out
-    for q, v in zip(qs, np.percentile(arr, list(qs)), strict=True):
-        out[f"p{q}"] = float(v)
-    out.update(mean=float(arr.mean()), max=float(arr.max()), n=int(arr.size))
-    return out
 
 
 def _span(records: Sequence[RequestRecord]) -> float:

@@ -1,4 +1,9 @@
-"""The tool protocol: async, bounded by a timeout, failures become observations."""
+"""The tool protocol: async, bounded by a timeout, failures become observations.
+
+Tools return structured results (hits, new images, or an error); the prompt format writes them as text
+for the model (``ssr_server.agent.observe``), so the words the model reads are data of the format, not
+of each tool.
+"""
 
 from __future__ import annotations
 
@@ -9,28 +14,43 @@ from ssr_server.engine.base import ImageRef
 
 
 @dataclass(frozen=True)
-class Observation:
-    """What a tool gives back to the model: text, and optionally new images (a zoomed crop)."""
+class SearchHit:
+    """One search result: ``text`` is the snippet (text search) or the description (image search);
+    ``thumbnail`` an image of the hit (image search), which enters the context."""
 
-    text: str
-    images: tuple[ImageRef, ...] = ()
+    title: str
+    url: str
+    text: str = ""
+    score: float = 0.0
+    thumbnail: ImageRef | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What a tool gives back: search hits, new images (a zoomed crop; thumbnails, which are also
+    ``hits[i].thumbnail`` in hit order), or a failure with a reason the model can read."""
+
     ok: bool = True
-    data: dict[str, object] = field(default_factory=dict)  # structured hits for traces / API
+    hits: tuple[SearchHit, ...] = ()
+    images: tuple[ImageRef, ...] = ()
+    error: str | None = None
+    data: dict[str, object] = field(default_factory=dict)  # structured details for traces and the API
 
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A parsed action: the tool name and its argument (query text, or box for zoom)."""
+    """A parsed action: the tool name and its arguments."""
 
     tool: str  # "image_search" | "text_search" | "zoom"
     query: str = ""
     box: tuple[int, int, int, int] | None = None  # 0-1000 relative coordinates
-    image_index: int = -1  # which context image the call refers to (-1: latest)
+    image_index: int = 0  # which image of the registry the call refers to (0-based)
+    label: str = ""  # what the zoom box holds (for the trace)
 
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool may read from the run: the images seen so far (originals then crops)."""
+    """What a tool may read from the run: the image registry so far (inputs, thumbnails, crops)."""
 
     images: tuple[ImageRef, ...]
 

@@ -19,17 +19,14 @@ class SupportsAclose(Protocol):
 
 
 def pick_image(ctx: ToolContext, index: int) -> tuple[int, ImageRef]:
-    """The image a call refers to and its 0-based position; negative indices count from the end.
-
-    The model numbers images from 1 in observations; the parser turns that into 0-based (or -1 for
-    "latest"), so an out-of-range index is the model's mistake and becomes a ToolError it can read.
+    """The image a call refers to (0-based over the run's image registry; negative counts from the end)
+    and its position; an out-of-range index is the model's mistake and becomes a ToolError it can read.
     """
     n = len(ctx.images)
     if n == 0:
         raise ToolError("there is no image to work on")
     if not -n <= index < n:
-        shown = index + 1 if index >= 0 else index
-        raise ToolError(f"image {shown} does not exist; images 1 to {n} are available")
+        raise ToolError(f"image index {index} does not exist; indices 0 to {n - 1} are available")
     pos = index % n
     return pos, ctx.images[pos]
 
@@ -46,8 +43,14 @@ def check_status(service: str, response: httpx.Response) -> None:
         raise ToolError(f"{service} returned HTTP {response.status_code}")
 
 
+def clip(text: str, max_chars: int) -> str:
+    """``text`` cut to ``max_chars`` (with an ellipsis), so one long page cannot flood the context."""
+    text = " ".join(text.split())
+    return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
+
+
 class BackendTool:
-    """What the search tools share: a backend, how many hits to show, how much text at most."""
+    """What the search tools share: a backend, how many hits to show, how much text per hit at most."""
 
     def __init__(self, backend: object, *, k: int, max_chars: int) -> None:
         if k <= 0 or max_chars < 100:

@@ -8,15 +8,19 @@ HTTP contract (``HTTPImageSearchBackend``), deliberately small so any service ca
 
     200 OK
     {"results": [{"title": "Eiffel Tower", "description": "A wrought-iron lattice tower ...",
-                  "url": "https://...", "score": 0.93}, ...]}
+                  "url": "https://...", "score": 0.93, "thumbnail": "<base64 PNG or JPEG>"}, ...]}
 
 ``title`` is required; ``description`` and ``url`` default to ""; ``score`` is a similarity, higher is
-better (0 if missing). Results are expected best first; at most ``k`` are used. Any other status, a
-body that is not JSON, or JSON without a ``results`` list is a tool error.
+better (0 if missing); ``thumbnail`` is optional (it goes through the same size, pixel and format checks
+as a request's images; one that fails them is dropped, the hit kept). Results are expected best first;
+at most ``k`` are used. Any other status, a body that is not JSON, or JSON without a ``results`` list is
+a tool error.
 
 The local index (``LocalImageIndex``) loads a folder with ``index.json``:
 ``{"images": [{"file", "title", "description", "url"}]}`` (the demo world writes one) and compares
-images by perceptual hash, which survives resizing and JPEG recompression but not cropping.
+images by perceptual hash, which survives resizing and JPEG recompression but not cropping. The indexed
+pictures are the hits' thumbnails. An entry may carry its hashes (``"phash"`` and ``"dhash"``, the hex
+strings of ``image_hashes``), so that a large index loads without decoding every picture.
 """
 
 from __future__ import annotations
@@ -25,19 +29,20 @@ import asyncio
 import base64
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
 import imagehash
+import numpy as np
 from PIL import Image
 
 from ssr_server.engine.base import ImageRef
 from ssr_server.errors import ToolError
-from ssr_server.tools.base import Observation, ToolCall, ToolContext
-from ssr_server.tools.common import BackendTool, check_status, http_error, pick_image
-from ssr_server.tools.text_search import format_hits
+from ssr_server.tools.base import Observation, SearchHit, ToolCall, ToolContext
+from ssr_server.tools.common import BackendTool, check_status, clip, http_error, pick_image
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class ImageHit:
     description: str
     url: str
     score: float
+    thumbnail: ImageRef | None = None
 
 
 class ImageSearchBackend(Protocol):
@@ -59,11 +65,43 @@ class _Entry:
     hit: ImageHit
     phash: imagehash.ImageHash
     dhash: imagehash.ImageHash
+    path: Path
+
+
+@lru_cache(maxsize=256)
+def _thumbnail(path: str) -> ImageRef:
+    """An indexed picture as a hit's thumbnail (cached: a run's next search often shows it again)."""
+    with Image.open(path) as img:
+        return ImageRef.from_pil(img.convert("RGB"))
 
 
 def _hashes(image: Image.Image) -> tuple[imagehash.ImageHash, imagehash.ImageHash]:
     rgb = image if image.mode == "RGB" else image.convert("RGB")
     return imagehash.phash(rgb), imagehash.dhash(rgb)
+
+
+def image_hashes(image: Image.Image) -> tuple[str, str]:
+    """The (pHash, dHash) hex strings an index entry may store as ``"phash"`` and ``"dhash"``."""
+    ph, dh = _hashes(image)
+    return str(ph), str(dh)
+
+
+_POPCOUNT = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
+def _pack(h: imagehash.ImageHash) -> np.ndarray[Any, np.dtype[np.uint8]]:
+    packed: np.ndarray[Any, np.dtype[np.uint8]] = np.packbits(h.hash.reshape(-1))
+    return packed
+
+
+def _stored_hashes(item: dict[str, Any]) -> tuple[imagehash.ImageHash, imagehash.ImageHash] | None:
+    ph, dh = item.get("phash"), item.get("dhash")
+    if not (isinstance(ph, str) and isinstance(dh, str) and len(ph) == len(dh) == 16):
+        return None
+    try:
+        return imagehash.hex_to_hash(ph), imagehash.hex_to_hash(dh)
+    except ValueError:
+        return None  # not hex: hash the picture instead
 
 
 class LocalImageIndex:
@@ -92,31 +130,49 @@ class LocalImageIndex:
             ):
                 raise ValueError(f"{index_path}: entry {n} needs string 'file' and 'title'")
             path = self.image_dir / item["file"]
+            stored = _stored_hashes(item)
             try:
-                with Image.open(path) as img:
-                    ph, dh = _hashes(img)
+                if stored is not None and path.is_file():
+                    ph, dh = stored
+                else:
+                    with Image.open(path) as img:
+                        ph, dh = _hashes(img)
             except OSError as e:
                 raise ValueError(f"{index_path}: entry {n}: cannot load {path} ({e})") from None
             hit = ImageHit(item["title"], str(item.get("description", "")), str(item.get("url", "")), 0.0)
-            self._entries.append(_Entry(hit, ph, dh))
+            self._entries.append(_Entry(hit, ph, dh, path))
+        # Hashes packed into bytes, one row per entry: a query is an XOR and a popcount table lookup
+        # over the whole index, not a Python loop over thousands of entries.
+        self._bits = (self._entries[0].phash.hash.size, self._entries[0].dhash.hash.size)
+        self._packed = [np.stack([_pack(e.phash) for e in self._entries]),
+                        np.stack([_pack(e.dhash) for e in self._entries])]
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def distance_array(self, phash: str, dhash: str) -> np.ndarray[Any, np.dtype[np.float64]]:
+        """Distances from hashes (``image_hashes``) to every entry, in index order."""
+        ph, dh = imagehash.hex_to_hash(phash), imagehash.hex_to_hash(dhash)
+        if (ph.hash.size, dh.hash.size) != self._bits:
+            raise ValueError("hash size differs from the index's")
+        dp = _POPCOUNT[self._packed[0] ^ _pack(ph)].sum(axis=1, dtype=np.int64) / self._bits[0]
+        dd = _POPCOUNT[self._packed[1] ^ _pack(dh)].sum(axis=1, dtype=np.int64) / self._bits[1]
+        out: np.ndarray[Any, np.dtype[np.float64]] = (dp + dd) / 2
+        return out
+
+    def _ranked(self, image: Image.Image) -> list[tuple[float, _Entry]]:
+        dist = self.distance_array(*image_hashes(image))
+        order = np.argsort(dist, kind="stable")  # ties keep index order, as a stable sort would
+        return [(float(dist[i]), self._entries[i]) for i in order]
+
     def distances(self, image: Image.Image) -> list[tuple[float, ImageHit]]:
         """All (distance, entry) pairs, nearest first; exposed for calibration and tests."""
-        ph, dh = _hashes(image)
-        bits_p, bits_d = ph.hash.size, dh.hash.size
-        scored = [
-            ((float(e.phash - ph) / bits_p + float(e.dhash - dh) / bits_d) / 2, e.hit) for e in self._entries
-        ]
-        scored.sort(key=lambda t: t[0])
-        return scored
+        return [(d, e.hit) for d, e in self._ranked(image)]
 
     def _search(self, image: Image.Image, k: int) -> list[ImageHit]:
         return [
-            ImageHit(hit.title, hit.description, hit.url, round(1.0 - d, 4))
-            for d, hit in self.distances(image)[: max(k, 0)]
+            ImageHit(e.hit.title, e.hit.description, e.hit.url, round(1.0 - d, 4), _thumbnail(str(e.path)))
+            for d, e in self._ranked(image)[: max(k, 0)]
             if d <= self.max_distance
         ]
 
@@ -178,29 +234,43 @@ class HTTPImageSearchBackend:
                 description=desc if isinstance(desc, str) else "",
                 url=url if isinstance(url, str) else "",
                 score=float(score) if isinstance(score, int | float) else 0.0,
+                thumbnail=await _decode_thumbnail(item.get("thumbnail")),
             ))
         return hits
 
 
+async def _decode_thumbnail(value: object) -> ImageRef | None:
+    """A result's base64 thumbnail through the request intake's checks; a bad one is dropped."""
+    if not isinstance(value, str) or not value:
+        return None
+    from ssr_server.api.images import ImageLimits, decode_base64, decode_image_bytes
+    from ssr_server.errors import InvalidRequest
+
+    limits = ImageLimits(max_bytes=2 * 1024 * 1024, max_pixels=4_000_000)
+    try:
+        return await asyncio.to_thread(decode_image_bytes, decode_base64(value, limits), limits)
+    except InvalidRequest:
+        return None
+
+
 class ImageSearchTool(BackendTool):
-    """Reverse-searches ``ctx.images[call.image_index]`` and lists what it looks like."""
+    """Reverse-searches ``ctx.images[call.image_index]``: the hits (title, URL, description) and their
+    thumbnails, which join the run's image registry."""
 
     name = "image_search"
 
     backend: ImageSearchBackend
 
-    def __init__(self, backend: ImageSearchBackend, *, k: int = 3, max_chars: int = 1200) -> None:
+    def __init__(self, backend: ImageSearchBackend, *, k: int = 3, max_chars: int = 400) -> None:
         super().__init__(backend, k=k, max_chars=max_chars)
 
     async def __call__(self, call: ToolCall, ctx: ToolContext) -> Observation:
         pos, ref = pick_image(ctx, call.image_index)
-        hits = await self.backend.search(ref, self.k)
-        data: dict[str, object] = {"image": pos + 1, "hits": [asdict(h) for h in hits]}
-        if not hits:
-            return Observation(text=f"No visually similar images found for image {pos + 1}.", data=data)
-        lines = [
-            f"{h.title}: {h.description}" + (f" ({h.url})" if h.url else "") + f" [similarity {h.score:.2f}]"
-            for h in hits
-        ]
-        header = f"Visually similar images for image {pos + 1}:"
-        return Observation(text=format_hits(header, lines, self.max_chars), data=data)
+        found = await self.backend.search(ref, self.k)
+        hits = tuple(SearchHit(h.title, h.url, clip(h.description, self.max_chars), h.score, h.thumbnail)
+                     for h in found)
+        data: dict[str, object] = {"image": pos, "hits": [
+            {"title": h.title, "url": h.url, "description": h.description, "score": h.score,
+             "thumbnail": h.thumbnail is not None} for h in found]}
+        return Observation(hits=hits, images=tuple(h.thumbnail for h in hits if h.thumbnail is not None),
+                           data=data)

@@ -1,8 +1,8 @@
-"""The tool registry: the one place where tool calls are bounded in time and failures become text.
+"""The tool registry: the one place where tool calls are bounded in time and failures become observations.
 
 The agent loop never sees a tool exception: a bad box, a search backend down, a timeout or a bug all
-come back as ``Observation(ok=False, text="Tool <name> failed: ...")`` that the model can read and
-react to, so one broken tool degrades a run instead of failing the HTTP request.
+come back as ``Observation(ok=False, error="...")``, which the prompt format writes for the model to
+read and react to, so one broken tool degrades a run instead of failing the HTTP request.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import time
 from collections.abc import Iterable
 
 from ssr_server import metrics
-from ssr_server.demo.world import build_demo_assets
 from ssr_server.errors import ToolError
 from ssr_server.tools.base import Observation, Tool, ToolCall, ToolContext
 from ssr_server.tools.common import SupportsAclose
@@ -35,11 +34,8 @@ _MAX_ERROR_CHARS = 300
 
 
 def _failure(name: str, reason: str, code: str, elapsed_s: float) -> Observation:
-    return Observation(
-        text=f"Tool {name} failed: {reason[:_MAX_ERROR_CHARS]}",
-        ok=False,
-        data={"error": code, "tool": name, "elapsed_s": round(elapsed_s, 6)},
-    )
+    return Observation(ok=False, error=reason[:_MAX_ERROR_CHARS],
+                       data={"error": code, "tool": name, "elapsed_s": round(elapsed_s, 6)})
 
 
 class ToolRegistry:
@@ -93,7 +89,7 @@ class ToolRegistry:
                 obs = _failure(name, "an operation inside the tool timed out", "timeout", elapsed)
         except Exception as e:
             log.exception("tool %s raised unexpectedly", name)
-            obs = _failure(name, f"internal error ({type(e).__name__}: {e})", "internal_error",
+            obs = _failure(name, f"internal error ({type(e).__name__})", "internal_error",
                            time.perf_counter() - start)
         else:
             elapsed = round(time.perf_counter() - start, 6)
@@ -114,14 +110,16 @@ class ToolRegistry:
 def demo_registry(
     assets_dir: str | os.PathLike[str], *, default_timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> ToolRegistry:
-    """Zoom, BM25 text search and perceptual-hash image search over the offline demo world.
+    """Zoom, BM25 text search and image search over the demo preset of the benchmark world.
 
-    Writes the demo assets into ``assets_dir`` first when they are missing or stale (cheap otherwise).
+    Builds the preset into ``assets_dir`` first when it is missing or stale (about a second; reused as
+    is otherwise).
     """
-    assets = build_demo_assets(assets_dir)
-    return build_registry(
-        corpus_path=assets.corpus_path, image_index_dir=assets.image_dir, default_timeout_s=default_timeout_s
-    )
+    from ssr_server.world import demo_world
+
+    world = demo_world(assets_dir)
+    return build_registry(corpus_path=world.corpus_path, image_index_dir=world.image_dir,
+                          default_timeout_s=default_timeout_s)
 
 
 def build_registry(

@@ -21,8 +21,8 @@ import bm25s
 import httpx
 
 from ssr_server.errors import ToolError
-from ssr_server.tools.base import Observation, ToolCall, ToolContext
-from ssr_server.tools.common import BackendTool, check_status, http_error
+from ssr_server.tools.base import Observation, SearchHit, ToolCall, ToolContext
+from ssr_server.tools.common import BackendTool, check_status, clip, http_error
 
 MAX_QUERY_CHARS = 500
 
@@ -176,31 +176,14 @@ class SearxNGBackend:
         return hits
 
 
-def format_hits(header: str, lines: list[str], max_chars: int) -> str:
-    """Numbered lines under a header, cut to a character budget so observations stay short.
-
-    The line that crosses the budget is truncated with an ellipsis; later ones are dropped.
-    """
-    out = header
-    for i, line in enumerate(lines, start=1):
-        entry = f"\n[{i}] {line}"
-        room = max_chars - len(out)
-        if len(entry) > room:
-            if room > 20:
-                out += entry[: room - 1] + "…"
-            break
-        out += entry
-    return out
-
-
 class TextSearchTool(BackendTool):
-    """Runs ``call.query`` through a backend and shows the top hits as numbered lines."""
+    """Runs ``call.query`` through a backend: the top hits (title, URL, snippet cut to ``max_chars``)."""
 
     name = "text_search"
 
     backend: TextSearchBackend
 
-    def __init__(self, backend: TextSearchBackend, *, k: int = 5, max_chars: int = 1500) -> None:
+    def __init__(self, backend: TextSearchBackend, *, k: int = 5, max_chars: int = 400) -> None:
         super().__init__(backend, k=k, max_chars=max_chars)
 
     async def __call__(self, call: ToolCall, ctx: ToolContext) -> Observation:
@@ -209,7 +192,5 @@ class TextSearchTool(BackendTool):
             raise ToolError("text_search needs a non-empty query")
         hits = await self.backend.search(query, self.k)
         data: dict[str, object] = {"query": query, "hits": [asdict(h) for h in hits]}
-        if not hits:
-            return Observation(text=f'No results found for "{query}".', data=data)
-        lines = [f"{h.title}: {h.text}" + (f" ({h.url})" if h.url else "") for h in hits]
-        return Observation(text=format_hits(f'Results for "{query}":', lines, self.max_chars), data=data)
+        return Observation(hits=tuple(SearchHit(h.title, h.url, clip(h.text, self.max_chars), h.score)
+                                      for h in hits), data=data)

@@ -14,10 +14,9 @@ from PIL import Image
 
 from ssr_server.engine.base import ImageRef
 from ssr_server.errors import ToolError
+from ssr_server.limits import BOX_SCALE
 from ssr_server.tools.base import Observation, ToolCall, ToolContext
 from ssr_server.tools.common import pick_image
-
-BOX_SCALE = 1000
 
 
 def validate_box(box: Sequence[float] | None, min_side: int = 20) -> tuple[int, int, int, int]:
@@ -63,7 +62,7 @@ def output_size(width: int, height: int, min_short_side: int, max_side: int) -> 
 
 
 class ZoomTool:
-    """Crops ``ctx.images[call.image_index]`` at ``call.box`` and returns the enlarged crop."""
+    """Crops ``ctx.images[call.image_index]`` at ``call.box`` and returns the enlarged crop (a new image)."""
 
     name = "zoom"
 
@@ -84,11 +83,7 @@ class ZoomTool:
         pos, ref = pick_image(ctx, call.image_index)
         # Resampling a large image takes tens of ms: keep it off the event loop.
         crop = await asyncio.to_thread(self._crop, ref.image, box)
-        new_ref = ImageRef.from_pil(crop)
-        number = len(ctx.images) + 1
-        box_text = f"[{box[0]}, {box[1]}, {box[2]}, {box[3]}]"
-        return Observation(
-            text=f"Zoomed into {box_text} of image {pos + 1}; the crop is attached as image {number}.",
-            images=(new_ref,),
-            data={"box": list(box), "source_image": pos + 1, "image": number, "size": list(crop.size)},
-        )
+        # registry indices are 0-based: the crop becomes image len(ctx.images)
+        return Observation(images=(ImageRef.from_pil(crop),),
+                           data={"box": list(box), "label": call.label, "source_image": pos,
+                                 "image": len(ctx.images), "size": list(crop.size)})

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from ssr_server.agent.loop import Agent
-from ssr_server.demo.world import entities, render_image
 from ssr_server.engine.base import ImageRef
 from ssr_server.library import LibraryRegistry
+from ssr_server.world import demo_entities, demo_picture
 
 
 @pytest.fixture(scope="session")
@@ -19,12 +19,12 @@ def tokenizer(torch_engine: Any) -> Any:
 
 @pytest.fixture(scope="session")
 def demo_image() -> ImageRef:
-    return ImageRef.from_pil(render_image(entities()[0].id))
+    return ImageRef.from_pil(demo_picture(demo_entities()[0].id))
 
 
 @pytest.fixture(scope="session")
 def second_image() -> ImageRef:
-    return ImageRef.from_pil(render_image(entities()[1].id))
+    return ImageRef.from_pil(demo_picture(demo_entities()[1].id))
 
 
 @pytest.fixture(scope="session")

@@ -1,126 +1,97 @@
-"""Action grammars: openings and closings, each type's parser, and what a candidate action allows."""
+"""The action table: argument schemas, the grammar built from them, and the checks beyond them."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
 import pytest
+import torch
+import xgrammar as xgr
 
-from ssr_server.agent.actions import (
-    ALL_TYPES,
-    GRAMMARS,
-    MAX_ANSWER_CHARS,
-    MAX_QUERY_CHARS,
-    TOOL_TYPES,
-    allowed_types,
-    parse_box,
-)
+from ssr_server.agent.actions import ACTIONS, ALL_ACTIONS, TOOL_ACTIONS, allowed_actions
 from ssr_server.errors import ActionParseError
-from ssr_server.library import ACTIONS, CONCRETE_ACTIONS, TOOL_ACTIONS, Candidate
+from ssr_server.limits import MAX_LABEL_CHARS, MAX_QUERY_CHARS
 
 
-def test_every_action_type_has_a_grammar_with_tags() -> None:
-    assert set(GRAMMARS) == set(ALL_TYPES) == CONCRETE_ACTIONS
-    for name, g in GRAMMARS.items():
-        assert g.type == name
-        assert g.opening == f"<{name}>"
-        assert g.closing == f"</{name}>"
-    # image_search is forced whole (no argument decoded); the others decode an argument
-    assert GRAMMARS["image_search"].max_new_tokens == 0
-    assert all(GRAMMARS[t].max_new_tokens > 0 for t in ("text_search", "zoom", "answer"))
+def test_allowed_actions() -> None:
+    assert allowed_actions("zoom") == ("zoom",)
+    assert allowed_actions("tool") == TOOL_ACTIONS
+    assert allowed_actions("any") == ALL_ACTIONS
+    with pytest.raises(ValueError):
+        allowed_actions("dance")
 
 
-# ---- zoom ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("text", "box"), [
-    ("[0, 0, 500, 500]", (0, 0, 500, 500)),
-    ("  [10,20,30,40] ", (10, 20, 30, 40)),
-    ("[0.4, 1.6, 999.5, 1000]", (0, 2, 1000, 1000)),  # rounded (999.5 -> 1000, banker's rounding)
-    ("[ 100 , 200 , 300 , 400 ]", (100, 200, 300, 400)),
+@pytest.mark.parametrize(("action", "args", "n_images"), [
+    ("image_search", {}, 1),
+    ("text_search", {"query": "Tresslin Bridge height"}, 0),
+    ("zoom", {"bbox_2d": [0, 0, 1000, 1000], "label": "sign", "img_idx": 2}, 3),
 ])
-def test_zoom_parses_valid_boxes(text: str, box: tuple[int, int, int, int]) -> None:
-    parsed = GRAMMARS["zoom"].parse(text)
-    assert parsed.type == "zoom"
-    assert parsed.call is not None and parsed.call.tool == "zoom"
-    assert parsed.call.box == box
-    assert parse_box(text) == box
+def test_valid_arguments_validate_and_become_calls(action: str, args: dict[str, Any], n_images: int) -> None:
+    spec = ACTIONS[action]
+    jsonschema.validate(args, spec.arguments_schema(n_images))
+    call = spec.to_call(args, n_images)
+    assert call.tool == action
 
 
-@pytest.mark.parametrize("text", [
-    "", "zoom please", "[1, 2, 3]", "[1, 2, 3, 4, 5]", "(0, 0, 10, 10)", "[a, b, c, d]",
-    "[0, 0, 1001, 10]", "[-1, 0, 10, 10]", "[500, 0, 400, 10]", "[0, 500, 10, 500]",
-    "[0, 0, 10, 10] and more", "[1e3, 0, 10, 10]",
+@pytest.mark.parametrize(("action", "args"), [
+    ("image_search", {"image": 1}),
+    ("text_search", {}),
+    ("text_search", {"query": ""}),
+    ("text_search", {"query": " leading space"}),
+    ("text_search", {"query": "a <tag>"}),
+    ("text_search", {"query": 'a "quote"'}),
+    ("text_search", {"query": "x" * (MAX_QUERY_CHARS + 1)}),
+    ("text_search", {"query": "ok", "extra": 1}),
+    ("zoom", {"bbox_2d": [0, 0, 1001, 10], "label": "a", "img_idx": 0}),
+    ("zoom", {"bbox_2d": [0, 0, 10], "label": "a", "img_idx": 0}),
+    ("zoom", {"bbox_2d": [0.5, 0, 10, 10], "label": "a", "img_idx": 0}),
+    ("zoom", {"bbox_2d": [0, 0, 10, 10], "label": "a", "img_idx": 1}),  # only image 0 exists
+    ("zoom", {"bbox_2d": [0, 0, 10, 10], "label": "x" * (MAX_LABEL_CHARS + 1), "img_idx": 0}),
 ])
-def test_zoom_refuses_invalid_boxes(text: str) -> None:
-    with pytest.raises(ActionParseError) as info:
-        GRAMMARS["zoom"].parse(text)
-    assert "zoom" in info.value.message
-    assert info.value.code == "action_parse_error"
+def test_the_schema_refuses_bad_arguments(action: str, args: dict[str, Any]) -> None:
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(args, ACTIONS[action].arguments_schema(1))
 
 
-# ---- text_search ---------------------------------------------------------------------------------
-def test_text_search_query_is_stripped_and_becomes_a_call() -> None:
-    parsed = GRAMMARS["text_search"].parse("  height of the Eiffel Tower \n")
-    assert parsed.argument == "height of the Eiffel Tower"
-    assert parsed.call is not None
-    assert (parsed.call.tool, parsed.call.query) == ("text_search", "height of the Eiffel Tower")
+@pytest.mark.parametrize(("args", "n_images", "fragment"), [
+    ({"bbox_2d": [500, 0, 100, 10], "label": "a", "img_idx": 0}, 1, "x1 < x2"),
+    ({"bbox_2d": [0, 10, 10, 10], "label": "a", "img_idx": 0}, 1, "y1 < y2"),
+    ({"bbox_2d": [0, 0, 10, 10], "label": "a", "img_idx": 3}, 2, "does not exist"),
+])
+def test_what_no_schema_says_is_checked_after_decoding(args: dict[str, Any], n_images: int,
+                                                       fragment: str) -> None:
+    jsonschema.validate(args, {**ACTIONS["zoom"].arguments_schema(4)})  # schema-valid...
+    with pytest.raises(ActionParseError, match=fragment):  # ...but not a valid zoom
+        ACTIONS["zoom"].to_call(args, n_images)
 
 
-@pytest.mark.parametrize("text", ["", "   ", "\n\t"])
-def test_text_search_refuses_an_empty_query(text: str) -> None:
-    with pytest.raises(ActionParseError, match="empty"):
-        GRAMMARS["text_search"].parse(text)
+@pytest.mark.parametrize("action", TOOL_ACTIONS)
+def test_everything_the_grammar_admits_parses_strictly_and_validates(tiny_model_dir: Path,
+                                                                     action: str) -> None:
+    """Sample 40 arguments objects under the grammar with random logits (adversarial for the grammar:
+    every token the mask lets through is possible): all parse with strict json.loads and validate."""
+    from transformers import AutoConfig, AutoTokenizer
 
-
-def test_text_search_query_length_limit() -> None:
-    ok = "a" * MAX_QUERY_CHARS
-    assert GRAMMARS["text_search"].parse(ok).argument == ok
-    with pytest.raises(ActionParseError, match=str(MAX_QUERY_CHARS)):
-        GRAMMARS["text_search"].parse("a" * (MAX_QUERY_CHARS + 1))
-
-
-# ---- image_search --------------------------------------------------------------------------------
-def test_image_search_without_argument_means_the_latest_image() -> None:
-    for text in ("", "  ", "\n"):
-        parsed = GRAMMARS["image_search"].parse(text)
-        assert parsed.call is not None
-        assert (parsed.call.tool, parsed.call.image_index) == ("image_search", -1)
-
-
-@pytest.mark.parametrize(("text", "index"), [("1", 0), (" 2 ", 1), ("12", 11)])
-def test_image_search_image_number_is_one_based(text: str, index: int) -> None:
-    parsed = GRAMMARS["image_search"].parse(text)
-    assert parsed.call is not None and parsed.call.image_index == index
-
-
-@pytest.mark.parametrize("text", ["cat", "1 2", "-1", "123", "1.5", "image 1"])
-def test_image_search_refuses_other_arguments(text: str) -> None:
-    with pytest.raises(ActionParseError):
-        GRAMMARS["image_search"].parse(text)
-
-
-# ---- answer --------------------------------------------------------------------------------------
-def test_answer_is_stripped_and_capped_and_has_no_tool_call() -> None:
-    parsed = GRAMMARS["answer"].parse("  Paris \n")
-    assert (parsed.type, parsed.argument, parsed.call) == ("answer", "Paris", None)
-    long = GRAMMARS["answer"].parse("x" * (MAX_ANSWER_CHARS + 50))
-    assert len(long.argument) == MAX_ANSWER_CHARS
-
-
-def test_answer_refuses_empty() -> None:
-    with pytest.raises(ActionParseError, match="empty"):
-        GRAMMARS["answer"].parse("  ")
-
-
-# ---- what a candidate allows ---------------------------------------------------------------------
-def test_allowed_types_for_tool_and_any() -> None:
-    assert set(allowed_types("tool")) == set(TOOL_TYPES) == TOOL_ACTIONS
-    assert "answer" not in allowed_types("tool")
-    assert set(allowed_types("any")) == set(ALL_TYPES) == CONCRETE_ACTIONS
-    for t in ALL_TYPES:
-        assert allowed_types(t) == (t,)
-        assert t in GRAMMARS
-
-
-@pytest.mark.parametrize("action", sorted(ACTIONS))
-def test_allowed_types_agree_with_the_library_definition(action: str) -> None:
-    cand = Candidate(id="c", text="Some rationale.", action=action)  # type: ignore[arg-type]
-    assert set(allowed_types(action)) == set(cand.allowed_actions)
-    assert all(t in GRAMMARS for t in allowed_types(action))
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    vocab = AutoConfig.from_pretrained(tiny_model_dir).text_config.vocab_size
+    info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab)
+    schema = ACTIONS[action].arguments_schema(3)
+    compiled = xgr.GrammarCompiler(info).compile_json_schema(json.dumps(schema), any_whitespace=False)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        matcher = xgr.GrammarMatcher(compiled)
+        mask = xgr.allocate_token_bitmask(1, info.vocab_size)
+        out: list[int] = []
+        while not matcher.is_completed():
+            logits = torch.randn(vocab, generator=gen) * 3
+            matcher.fill_next_token_bitmask(mask)
+            xgr.apply_token_bitmask_inplace(logits, mask)
+            token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
+            assert matcher.accept_token(token)
+            out.append(token)
+            assert len(out) <= ACTIONS[action].max_new_tokens  # the budget always suffices
+        args = json.loads(tok.decode(out))
+        jsonschema.validate(args, schema)

@@ -1,8 +1,9 @@
 """The turn loop on the real (tiny, random) model and the demo tools.
 
-The model is random, so nothing here expects a particular answer: the tests check the structure the
-loop guarantees whatever the model says (the action type follows the chosen rationale, contexts hold
-what was scored, limits end runs with the right outcome, timings add up).
+The model is random, so nothing here expects a particular answer: the tests check what the loop
+guarantees whatever the model says, through its public results (the run record and the final context):
+the transcript is exactly the format's rendering of the turns, the action follows the chosen rationale,
+every decoded tool call validates against its schema, limits end runs with the right outcome.
 """
 
 from __future__ import annotations
@@ -15,44 +16,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 
 from ssr_server import metrics
-from ssr_server.agent.actions import ALL_TYPES, GRAMMARS, allowed_types
+from ssr_server.agent.actions import ACTIONS, ALL_ACTIONS, allowed_actions
 from ssr_server.agent.loop import Agent, RunOptions
-from ssr_server.agent.prompt import IMAGE_PLACEHOLDER
 from ssr_server.agent.trace import Run, Turn
-from ssr_server.demo.world import demo_questions, render_image
 from ssr_server.engine.base import Context, ImageRef
 from ssr_server.errors import InvalidRequest, UnknownLibrary
 from ssr_server.library import Library, LibraryRegistry
-from ssr_server.tools.base import ToolCall
 
-OUTCOMES = {"answered", "max_turns", "error", "cancelled", "timeout"}
-
-
-class RecordingAgent(Agent):
-    """The real agent, recording what each action step received and produced."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.acts: list[tuple[Turn, tuple[str, ...], Context, Context]] = []
-
-    async def _act(self, ctx: Context, types: tuple[str, ...], turn: Turn) -> tuple[Context, ToolCall | None]:
-        out, call = await super()._act(ctx, types, turn)
-        self.acts.append((turn, types, ctx, out))
-        return out, call
-
-
-@pytest.fixture()
-def recorder(torch_engine: Any, demo_tools: Any) -> RecordingAgent:
-    return RecordingAgent(torch_engine, demo_tools, LibraryRegistry())
-
-
-def pad_count(tok: Any, ctx: Context) -> int:
-    pad = tok.encode("<|image_pad|>", add_special_tokens=False)[0]
-    return ctx.token_ids.count(pad)
+OUTCOMES = {"answered", "max_turns", "error", "cancelled", "timeout", "context_limit"}
 
 
 def write_library(directory: Path, name: str, candidates: Sequence[tuple[str, str, str]]) -> None:
@@ -62,7 +38,33 @@ def write_library(directory: Path, name: str, candidates: Sequence[tuple[str, st
     (directory / f"{name}.yaml").write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def check_run_invariants(run: Run, options: RunOptions, library: Library) -> None:
+def counter(name: Any, **labels: str) -> float:
+    """A counter's current value read through prometheus_client's public collection API."""
+    for family in name.collect():
+        for sample in family.samples:
+            if sample.name.endswith("_total") and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
+
+
+def transcript(agent: Agent, question: str, images: Sequence[ImageRef], library: Library, run: Run,
+               label_only: bool = False) -> str:
+    """What the context must read, rebuilt from the run's records and the format alone (ssr mode)."""
+    fmt = agent.format
+    tok = agent.engine.tokenizer
+    text = tok.decode(list(agent.start(question, images, library).token_ids), skip_special_tokens=False)
+    surfaces = fmt.candidate_surfaces(library, label_only)
+    for t in run.turns:
+        text += surfaces[library.ids.index(t.candidate_id)] + t.action_text  # type: ignore[arg-type]
+        if t.action_type == "answer" and t.error is None:
+            text += fmt.chat.close
+        else:
+            observation = re.sub(r"\[IMAGE \d+\]", fmt.vision_marker, t.observation)
+            text += fmt.observation_turn(observation)
+    return text
+
+
+def check_run_invariants(run: Run, options: RunOptions, library: Library, ctx: Context | None = None) -> None:
     """What every finished run must satisfy, whatever the model said."""
     assert run.outcome in OUTCOMES
     assert 1 <= len(run.turns) <= options.max_turns
@@ -72,7 +74,8 @@ def check_run_invariants(run: Run, options: RunOptions, library: Library) -> Non
     if run.outcome == "answered":
         assert last.action_type == "answer" and last.error is None
         assert run.answer == last.argument and run.answer
-        assert all(t.action_type != "answer" or t.error is not None for t in run.turns[:-1])
+        assert "<" not in run.answer  # the answer grammar admits no tags
+        assert all(t.action_type != "answer" for t in run.turns[:-1])
     elif run.outcome == "max_turns":
         assert len(run.turns) == options.max_turns and run.answer is None
         assert errors < options.max_errors
@@ -81,8 +84,13 @@ def check_run_invariants(run: Run, options: RunOptions, library: Library) -> Non
     for t in run.turns:
         assert t.mode == options.mode
         if t.error is not None:
-            assert not t.observation_ok
-            assert t.observation  # the model is told what went wrong
+            assert not t.observation_ok and t.observation  # the model is told what went wrong
+        if t.action_type in ("image_search", "text_search", "zoom"):
+            # every decoded tool call parses and validates against its schema: the grammar, not luck
+            assert t.arguments is not None, t.action_text
+            n_images = 1 + sum(u.observation.count("[IMAGE") for u in run.turns[: t.index])
+            jsonschema.validate(t.arguments, ACTIONS[t.action_type].arguments_schema(n_images))
+            assert t.tool_name and f'"name": "{t.tool_name}"' in t.action_text
         if options.mode == "ssr":
             assert t.reasoning_s > 0
             assert t.scores is not None and t.q is not None
@@ -97,80 +105,65 @@ def check_run_invariants(run: Run, options: RunOptions, library: Library) -> Non
     assert run.total_s >= run.model_s + run.tool_s
     assert run.generated_tokens == sum(t.reasoning_tokens + t.action_tokens for t in run.turns)
     assert run.scored_tokens == sum(t.scored_tokens for t in run.turns)
-    assert run.prompt_tokens >= last.context_tokens
+    if ctx is not None:
+        assert run.prompt_tokens == len(ctx)
 
 
 # ---- the floor -----------------------------------------------------------------------------------
-async def test_ssr_action_type_always_follows_the_chosen_rationale(recorder: RecordingAgent, tokenizer: Any,
-                                                                   demo_image: ImageRef) -> None:
-    library = recorder.libraries.get("default")
-    by_id = {c.id: (i, c) for i, c in enumerate(library.candidates)}
-    cand_ids = library.candidate_token_ids(tokenizer)
-    think_close = recorder.prompt.encode("</think>\n\n")
-    seen_types: set[str] = set()
+async def test_ssr_transcripts_are_the_format_and_actions_follow_the_rationale(
+        agent: Agent, demo_image: ImageRef) -> None:
+    library = agent.libraries.get("default")
+    by_id = {c.id: c for c in library.candidates}
+    seen_actions: set[str] = set()
     seen_cands: set[str] = set()
-    n_turns = 0
-    for seed in range(30):
-        recorder.acts.clear()
-        options = RunOptions(mode="ssr", tau=1.0, seed=seed, max_turns=3)
-        run = await recorder.run("What is this landmark and how tall is it?", [demo_image], options)
-        check_run_invariants(run, options, library)
+    question = "What is this landmark and how tall is it?"
+    for seed in range(24):
+        # sampled selection AND sampled action tokens: the widest variety of decoded calls
+        options = RunOptions(mode="ssr", tau=1.0, seed=seed, max_turns=3, action_temperature=1.0)
+        run, ctx = await agent.run_with_context(question, [demo_image], options)
+        check_run_invariants(run, options, library, ctx)
         assert run.library == "default"
-        assert [a[0] for a in recorder.acts] == run.turns
-        for turn, types, ctx_in, ctx_out in recorder.acts:
-            n_turns += 1
-            idx, cand = by_id[turn.candidate_id]  # type: ignore[index]
-            assert turn.action_type == cand.action
-            assert turn.action_type in allowed_types(cand.action) == types
-            assert turn.reasoning == cand.text
-            # the rationale sits in the context exactly as it was scored
-            assert ctx_in.token_ids[-len(cand_ids[idx]):] == cand_ids[idx]
-            g = GRAMMARS[cand.action]
-            new = ctx_out.token_ids[len(ctx_in):]
-            assert ctx_out.token_ids[:len(ctx_in)] == ctx_in.token_ids
-            assert new[:len(think_close)] == think_close
-            opening = recorder.prompt.encode(g.opening)
-            assert new[len(think_close):len(think_close) + len(opening)] == opening
-            assert re.fullmatch(rf"<{g.type}>.*</{g.type}>", turn.action_text, re.DOTALL)
-            assert tokenizer.decode(new[len(think_close):]) == turn.action_text
-            assert ctx_out.images == ctx_in.images
-            seen_types.add(cand.action)
+        text = agent.engine.tokenizer.decode(list(ctx.token_ids), skip_special_tokens=False)
+        assert text == transcript(agent, question, [demo_image], library, run)
+        assert list(ctx.token_ids).count(agent.engine.image_token_id) == len(ctx.images)
+        cand_ids = agent.candidate_ids(library)
+        tok = agent.engine.tokenizer
+        for t in run.turns:
+            cand = by_id[t.candidate_id]  # type: ignore[index]
+            assert t.action_type == cand.action and t.reasoning == cand.text
+            # the spans RL trains on: the chosen candidate exactly, and the decoded part of the action
+            assert t.reasoning_span is not None and t.action_span is not None
+            a, b = t.reasoning_span
+            assert ctx.token_ids[a:b] == tuple(cand_ids[library.ids.index(cand.id)])
+            c, d = t.action_span
+            assert b < c <= d
+            assert tok.decode(list(ctx.token_ids[c:d]), skip_special_tokens=False) in t.action_text
+            seen_actions.add(cand.action)
             seen_cands.add(cand.id)
-    assert n_turns >= 30
-    # tau = 1 over 30 seeds really exercises several rationales and action types
-    assert len(seen_cands) >= 3 and len(seen_types) >= 2
+    # tau = 1 over 24 seeds really exercises several rationales and action types
+    assert len(seen_cands) >= 4 and len(seen_actions) >= 3
 
 
-async def test_freeform_actions_are_well_formed(recorder: RecordingAgent, tokenizer: Any,
-                                                demo_image: ImageRef) -> None:
-    questions = demo_questions()[:6]
-    assert questions
-    think_close = "</think>\n\n"
-    for i, q in enumerate(questions):
-        recorder.acts.clear()
-        options = RunOptions(mode="freeform", seed=i, max_turns=2, reasoning_budget=12)
-        image = ImageRef.from_pil(render_image(q.entity_id))
-        run = await recorder.run(q.question, [image] if i % 2 == 0 else [], options)
-        check_run_invariants(run, options, recorder.libraries.get("default"))
-        for turn, types, ctx_in, ctx_out in recorder.acts:
-            assert types == ALL_TYPES  # the type is chosen among all openings
-            assert turn.candidate_id is None and turn.scores is None and turn.q is None
-            assert turn.action_type in ALL_TYPES
-            assert 0 < turn.reasoning_tokens <= options.reasoning_budget
-            g = GRAMMARS[turn.action_type]  # type: ignore[index]
-            assert re.fullmatch(rf"<{g.type}>.*</{g.type}>", turn.action_text, re.DOTALL)
-            # the reasoning block is closed before the action, and the action opens with its tag
-            assert tokenizer.decode(ctx_in.token_ids).endswith(think_close)
-            new = ctx_out.token_ids[len(ctx_in):]
-            opening = recorder.prompt.encode(g.opening)
-            assert new[:len(opening)] == opening
-            assert tokenizer.decode(new) == turn.action_text
+async def test_freeform_actions_are_well_formed(agent: Agent, demo_image: ImageRef) -> None:
+    for seed in range(4):
+        options = RunOptions(mode="freeform", seed=seed, max_turns=2, reasoning_budget=12,
+                             action_temperature=1.0)
+        run, ctx = await agent.run_with_context("What is this?", [demo_image] if seed % 2 else [], options)
+        check_run_invariants(run, options, agent.libraries.get("default"), ctx)
+        text = agent.engine.tokenizer.decode(list(ctx.token_ids), skip_special_tokens=False)
+        for t in run.turns:
+            assert t.candidate_id is None and t.scores is None and t.q is None
+            assert t.action_type in ALL_ACTIONS
+            assert 0 < t.reasoning_tokens <= options.reasoning_budget
+            assert t.reasoning_span is not None
+            assert t.reasoning_span[1] - t.reasoning_span[0] == t.reasoning_tokens
+            assert "</thinking>" + t.action_text in text  # the block is closed, then the action
 
 
 class PreferOpening:
-    """The real engine, with one action opening made overwhelmingly likely in the constrained
-    choice among openings; reasoning and action arguments are still decoded by the real model. The
-    random model on its own always opens the same action in freeform mode; this reaches the others."""
+    """The real engine, with one action opening made overwhelmingly likely in the constrained choice
+    among openings; reasoning and arguments are still decoded by the real model. The random model on
+    its own always opens the same action in freeform mode; this reaches the others."""
 
     def __init__(self, engine: Any, opening: Sequence[int]) -> None:
         self._engine, self._opening = engine, tuple(opening)
@@ -184,38 +177,42 @@ class PreferOpening:
                 if tuple(c) == self._opening else s for s, c in zip(scores, candidates, strict=True)]
 
 
-@pytest.mark.parametrize("action", ALL_TYPES)
+@pytest.mark.parametrize("action", ALL_ACTIONS)
 async def test_freeform_every_action_type_lands_in_the_context(torch_engine: Any, demo_tools: Any,
-                                                               tokenizer: Any, demo_image: ImageRef,
-                                                               action: str) -> None:
-    opening = tokenizer.encode(GRAMMARS[action].opening, add_special_tokens=False)
-    agent = RecordingAgent(PreferOpening(torch_engine, opening), demo_tools, LibraryRegistry())
+                                                               demo_image: ImageRef, action: str) -> None:
+    probe = Agent(torch_engine, demo_tools, LibraryRegistry())
+    opening = probe.chat.encode(probe.format.action_opening(action))  # type: ignore[arg-type]
+    agent = Agent(PreferOpening(torch_engine, opening), demo_tools, LibraryRegistry())
     options = RunOptions(mode="freeform", max_turns=2, reasoning_budget=8)
-    run = await agent.run("What does the sign say?", [demo_image], options)
-    check_run_invariants(run, options, agent.libraries.get("default"))
-    assert agent.acts
-    for turn, types, ctx_in, ctx_out in agent.acts:
-        assert types == ALL_TYPES and turn.action_type == action
-        assert re.fullmatch(rf"<{action}>.*</{action}>", turn.action_text, re.DOTALL)
-        new = ctx_out.token_ids[len(ctx_in):]
-        assert new[:len(opening)] == tuple(opening)
-        assert tokenizer.decode(new) == turn.action_text
-        assert tokenizer.decode(ctx_in.token_ids).endswith("</think>\n\n")
+    run, ctx = await agent.run_with_context("What does the sign say?", [demo_image], options)
+    check_run_invariants(run, options, agent.libraries.get("default"), ctx)
+    for t in run.turns:
+        assert t.action_type == action
+        assert t.action_text.startswith(agent.format.action_opening(action))  # type: ignore[arg-type]
     if action == "answer":
-        assert run.outcome == "answered" or run.turns[0].error is not None
+        assert run.outcome == "answered"
 
 
-async def test_any_candidates_let_the_model_choose_a_valid_type(recorder: RecordingAgent) -> None:
+async def test_any_candidates_let_the_model_choose_a_valid_action(agent: Agent) -> None:
     texts = ("Searching the web with the picture should identify it.",
              "The picture shows the answer directly.")
     options = RunOptions(candidates=texts, tau=1.0, seed=3, max_turns=2)
-    run = await recorder.run("What is it?", [], options)
+    run, ctx = await agent.run_with_context("What is it?", [], options)
     assert run.library == "custom"
-    check_run_invariants(run, options, Library.from_texts(list(texts)))
-    for turn, types, _, _ in recorder.acts:
-        assert types == ALL_TYPES
-        assert turn.candidate_id in ("c1", "c2")
-        assert turn.action_type in ALL_TYPES
+    check_run_invariants(run, options, Library.from_texts(list(texts)), ctx)
+    for t in run.turns:
+        assert t.candidate_id in ("c1", "c2") and t.action_type in ALL_ACTIONS
+
+
+async def test_tool_candidates_never_answer(torch_engine: Any, demo_tools: Any, demo_image: ImageRef) -> None:
+    agent = Agent(torch_engine, demo_tools, LibraryRegistry())
+    options = RunOptions(library="binary-2", tau=1.0, seed=5, max_turns=4)
+    for seed in range(4):
+        run = await agent.run("What is it?", [demo_image], dataclasses.replace(options, seed=seed))
+        for t in run.turns:
+            assert t.action_type in allowed_actions(
+                agent.libraries.get("binary-2").candidates[agent.libraries.get("binary-2").ids.index(
+                    t.candidate_id)].action)  # type: ignore[arg-type]
 
 
 # ---- limits ----------------------------------------------------------------------------------------
@@ -223,11 +220,14 @@ async def test_turn_limit(torch_engine: Any, demo_tools: Any, tmp_path: Path, de
     write_library(tmp_path, "always-search", [("search", "Search with the image.", "image_search")])
     agent = Agent(torch_engine, demo_tools, LibraryRegistry(extra_dirs=[tmp_path]))
     options = RunOptions(library="always-search", max_turns=3)
-    run = await agent.run("What is this?", [demo_image], options)
+    run, ctx = await agent.run_with_context("What is this?", [demo_image], options)
     assert run.outcome == "max_turns"
     assert len(run.turns) == 3 and run.answer is None and run.error is None
     assert all(t.action_type == "image_search" and t.observation_ok for t in run.turns)
-    check_run_invariants(run, options, agent.libraries.get("always-search"))
+    assert all(t.observation.startswith("Reverse image search results:") for t in run.turns)
+    check_run_invariants(run, options, agent.libraries.get("always-search"), ctx)
+    # the thumbnails joined the image registry: one per hit, in order
+    assert len(ctx.images) == 1 + sum(t.observation.count("[IMAGE") for t in run.turns)
 
 
 async def test_error_limit_on_failing_tool(torch_engine: Any, demo_tools: Any, tmp_path: Path) -> None:
@@ -240,65 +240,63 @@ async def test_error_limit_on_failing_tool(torch_engine: Any, demo_tools: Any, t
     assert run.error is not None and "limit 2" in run.error
     for t in run.turns:
         assert not t.observation_ok
-        assert t.observation.startswith("Tool image_search failed") and "no image" in t.observation
-        assert t.error == t.observation
+        assert t.observation == "Tool execution failed: there is no image to work on"
+        assert t.error == "there is no image to work on"
     check_run_invariants(run, options, agent.libraries.get("always-search"))
 
 
-async def test_error_limit_on_unparseable_actions(torch_engine: Any, demo_tools: Any, tmp_path: Path,
-                                                  demo_image: ImageRef) -> None:
+async def test_semantically_invalid_zooms_become_observations(torch_engine: Any, demo_tools: Any,
+                                                              tmp_path: Path, demo_image: ImageRef) -> None:
+    """Zoom boxes parse and validate by construction; corners out of order (no schema can say it) or a
+    box too small for the tool are told to the model and count toward the error limit."""
     write_library(tmp_path, "zoom-only", [("zoom", "A detail is too small, so zoom into it.", "zoom")])
     agent = Agent(torch_engine, demo_tools, LibraryRegistry(extra_dirs=[tmp_path]))
-    options = RunOptions(library="zoom-only", max_turns=32, max_errors=3)
-    run = await agent.run("What does the sign say?", [demo_image], options)
-    assert run.outcome == "error", [t.argument for t in run.turns]
-    check_run_invariants(run, options, agent.libraries.get("zoom-only"))
+    options = RunOptions(library="zoom-only", max_turns=32, max_errors=3, tau=1.0, seed=1,
+                         action_temperature=1.0)
+    run, ctx = await agent.run_with_context("What does the sign say?", [demo_image], options)
+    check_run_invariants(run, options, agent.libraries.get("zoom-only"), ctx)
     failed = [t for t in run.turns if t.error is not None]
-    assert len(failed) == 3 and run.turns[-1] is failed[-1]
+    assert run.outcome == "error" and len(failed) == 3
     for t in failed:
-        assert t.action_type == "zoom"
-        # the observation tells the model what was wrong with its action
-        assert t.error is not None
-        if t.observation.startswith("Invalid action"):
-            assert t.error in t.observation and "box" in t.error
-        else:
-            assert t.observation.startswith("Tool zoom failed")
+        assert t.action_type == "zoom" and t.error is not None
+        assert t.observation in (f"Invalid action: {t.error}", f"Tool execution failed: {t.error}")
+    for t in run.turns:
+        if t.error is None:
+            assert t.observation.startswith("Zoomed image (registry index ")
 
 
 async def test_deadline_ends_the_run_as_timeout(agent: Agent, demo_image: ImageRef) -> None:
-    before = metrics.RUNS.labels(mode="ssr", outcome="timeout")._value.get()
+    before = counter(metrics.RUNS, mode="ssr", outcome="timeout")
     run = await agent.run("What is this?", [demo_image], RunOptions(max_turns=4), deadline_s=0.001)
     assert run.outcome == "timeout"
     assert run.error is not None and "deadline" in run.error
-    assert run.total_s >= 0.001
     assert len(run.turns) < 4
-    assert metrics.RUNS.labels(mode="ssr", outcome="timeout")._value.get() == before + 1
+    assert counter(metrics.RUNS, mode="ssr", outcome="timeout") == before + 1
     # the engine still serves the next run
     again = await agent.run("What is this?", [demo_image], RunOptions(max_turns=1))
     assert again.outcome in ("answered", "max_turns", "error")
 
 
 async def test_cancellation_is_recorded_and_propagates(agent: Agent) -> None:
-    before = metrics.RUNS.labels(mode="ssr", outcome="cancelled")._value.get()
-    in_flight = metrics.RUNS_IN_FLIGHT._value.get()
+    before = counter(metrics.RUNS, mode="ssr", outcome="cancelled")
     first_turn = asyncio.Event()
+    release = asyncio.Event()
 
     async def on_turn(_: Turn) -> None:
         first_turn.set()
-        await asyncio.sleep(30)  # hold the run here until it is cancelled
+        await release.wait()  # hold the run here until it is cancelled
 
     task = asyncio.create_task(agent.run("Q?", [], RunOptions(max_turns=3), on_turn=on_turn))
-    await asyncio.wait_for(first_turn.wait(), 30)
+    await asyncio.wait_for(first_turn.wait(), 60)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert metrics.RUNS.labels(mode="ssr", outcome="cancelled")._value.get() == before + 1
-    assert metrics.RUNS_IN_FLIGHT._value.get() == in_flight
+    assert counter(metrics.RUNS, mode="ssr", outcome="cancelled") == before + 1
 
 
 @pytest.mark.parametrize("bad", [
     {"mode": "beam"}, {"max_turns": 0}, {"max_turns": 33}, {"tau": -0.1}, {"alpha": -1.0},
-    {"reasoning_budget": 0},
+    {"reasoning_budget": 0}, {"action_temperature": -1.0}, {"max_errors": 0},
 ])
 async def test_invalid_options_are_refused(agent: Agent, bad: dict[str, Any]) -> None:
     with pytest.raises(InvalidRequest):
@@ -311,26 +309,27 @@ async def test_unknown_library(agent: Agent) -> None:
 
 
 # ---- ablation, determinism, records -------------------------------------------------------------
-async def test_label_only_scores_and_pastes_the_labels(recorder: RecordingAgent, tokenizer: Any) -> None:
-    library = recorder.libraries.get("default")
-    labels = library.candidate_token_ids(tokenizer, label_only=True)
-    assert [tokenizer.decode(ids) for ids in labels] == [f"[{i}]\n" for i in range(1, len(library) + 1)]
-    for seed in range(4):
-        recorder.acts.clear()
+async def test_label_only_scores_and_pastes_the_labels(agent: Agent) -> None:
+    library = agent.libraries.get("default")
+    labels = agent.candidate_ids(library, label_only=True)
+    order = agent.format.display_order(library)
+    tok = agent.engine.tokenizer
+    assert [tok.decode(list(labels[i])) for i in order] == [f"<thinking>[{n}]</thinking>" for n in range(6)]
+    for seed in range(3):
         options = RunOptions(label_only=True, tau=1.0, seed=seed, max_turns=2)
-        run = await recorder.run("What is this?", [], options)
-        check_run_invariants(run, options, library)
-        for turn, _, ctx_in, _ in recorder.acts:
-            idx = library.ids.index(turn.candidate_id)  # type: ignore[arg-type]
-            assert turn.reasoning == f"[{idx + 1}]"
-            assert ctx_in.token_ids[-len(labels[idx]):] == labels[idx]
-            assert turn.action_type == library.candidates[idx].action
-            # only the short labels were scored
-            assert turn.scored_tokens == sum(len(x) for x in labels)
+        run, ctx = await agent.run_with_context("What is this?", [], options)
+        check_run_invariants(run, options, library, ctx)
+        text = tok.decode(list(ctx.token_ids), skip_special_tokens=False)
+        assert text == transcript(agent, "What is this?", [], library, run, label_only=True)
+        for t in run.turns:
+            idx = library.ids.index(t.candidate_id)  # type: ignore[arg-type]
+            assert t.reasoning == f"[{order.index(idx)}]"
+            assert t.action_type == library.candidates[idx].action
+            assert t.scored_tokens == sum(len(x) for x in labels)  # only the short labels were scored
 
 
 async def test_same_seed_same_run(agent: Agent) -> None:
-    options = RunOptions(tau=1.0, seed=11, max_turns=3)
+    options = RunOptions(tau=1.0, seed=11, max_turns=3, action_temperature=1.0)
     a = await agent.run("Which city is this?", [], options)
     b = await agent.run("Which city is this?", [], options)
     assert [t.candidate_id for t in a.turns] == [t.candidate_id for t in b.turns]
@@ -349,40 +348,20 @@ async def test_tau_zero_picks_the_argmax(agent: Agent) -> None:
         assert t.q[best] == pytest.approx(1.0)
 
 
-# ---- multi-image contexts ------------------------------------------------------------------------
-async def test_turn_after_a_real_zoom_scores_like_the_reference(agent: Agent, torch_engine: Any,
-                                                                tokenizer: Any, demo_image: ImageRef) -> None:
-    ctx = agent.prompt.start("What is written on the sign?", [demo_image])
-    assert len(ctx.images) == 1 and pad_count(tokenizer, ctx) == 1
-    turn0 = Turn(index=0, mode="ssr")
-    ctx = await agent._observe(ctx, ToolCall("zoom", box=(0, 0, 500, 500)), turn0, RunOptions())
-    assert turn0.observation_ok and turn0.error is None, turn0.observation
-    assert turn0.tool_s > 0
-    assert len(ctx.images) == 2 and pad_count(tokenizer, ctx) == 2
-    assert "Image 2: " + IMAGE_PLACEHOLDER in tokenizer.decode(ctx.token_ids)
-    w, h = demo_image.image.size
-    crop = ctx.images[1].image
-    assert crop.width / crop.height == pytest.approx((w // 2) / (h // 2), rel=0.02)
-
+async def test_scores_after_real_tool_images_match_the_reference(agent: Agent, torch_engine: Any,
+                                                                 tmp_path: Path, demo_tools: Any,
+                                                                 demo_image: ImageRef) -> None:
+    """A context holding the question image, search thumbnails and a crop scores like naive forwards."""
+    write_library(tmp_path, "search-then-zoom", [("search", "Search with the image.", "image_search")])
+    searcher = Agent(torch_engine, demo_tools, LibraryRegistry(extra_dirs=[tmp_path]))
+    run, ctx = await searcher.run_with_context("What is written on the sign?", [demo_image],
+                                               RunOptions(library="search-then-zoom", max_turns=1))
+    assert run.turns[0].observation_ok and len(ctx.images) >= 2
     library = agent.libraries.get("default")
-    cand_ids = library.candidate_token_ids(tokenizer)
+    cand_ids = agent.candidate_ids(library)
     got = await torch_engine.score(ctx, cand_ids)
     want = torch_engine.runner.naive_score(ctx, [list(c) for c in cand_ids])
     assert len(got) == len(want) == len(library)
-    for g, w_ in zip(got, want, strict=True):
-        assert g.num_tokens == w_.num_tokens
-        np.testing.assert_allclose(g.token_logprobs, w_.token_logprobs, atol=1e-4)
-
-    # a following agent turn on this two-image context works
-    turn1 = Turn(index=1, mode="ssr")
-    options = RunOptions(tau=1.0)
-    ctx2, types = await agent._select(ctx, library, cand_ids, options, np.random.default_rng(0), turn1)
-    assert turn1.candidate_id in library.ids and turn1.q is not None and len(turn1.q) == len(library)
-    assert turn1.cached_tokens > 0  # the prefix was served from the cache
-    ctx3, call = await agent._act(ctx2, types, turn1)
-    assert turn1.action_type in types
-    assert ctx3.images == ctx.images and pad_count(tokenizer, ctx3) == 2
-    assert ctx3.token_ids[:len(ctx2)] == ctx2.token_ids
-    if call is not None:
-        ctx4 = await agent._observe(ctx3, call, turn1, options)
-        assert pad_count(tokenizer, ctx4) == len(ctx4.images) >= 2
+    for g, w in zip(got, want, strict=True):
+        assert g.num_tokens == w.num_tokens
+        np.testing.assert_allclose(g.token_logprobs, w.token_logprobs, atol=1e-4)

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ssr_server.demo.world import entities, render_image
+from ssr_server.world import demo_entities, demo_picture
 
 ServerFactory = Callable[..., AbstractContextManager[str]]
 
@@ -38,7 +38,7 @@ def serve(request: pytest.FixtureRequest, torch_engine: Any, demo_tools: Any) ->
 
 
 def image_bytes(fmt: str = "PNG", size: tuple[int, int] | None = None, entity: int = 0) -> bytes:
-    img = render_image(entities()[entity].id)
+    img = demo_picture(demo_entities()[entity].id)
     if size is not None:
         img = img.resize(size)
     buf = io.BytesIO()

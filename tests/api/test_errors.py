@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -49,6 +50,12 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("POST", RUNS, b"{not json", 400, "invalid_json"),
     ("POST", RUNS, b'{"question": "x",}', 400, "invalid_json"),
     ("POST", SELECT, b"\xff\xfe garbage", 400, "invalid_json"),
+    # JSON syntax, but not UTF-8, or nested past what the parser can read (FastAPI: a bare 400)
+    ("POST", RUNS, b'{"question": "\xff\xfe what"}', 400, "invalid_json"),
+    ("POST", SELECT, b'{"messages": [{"role": "user", "content": "\xc3\x28"}]}', 400, "invalid_json"),
+    ("POST", RUNS, b"[" * 100_000 + b"]" * 100_000, 400, "invalid_json"),
+    ("POST", RUNS, b'{"question": "x", "images": ' + b"[" * 50_000 + b"]" * 50_000 + b"}", 400,
+     "invalid_json"),
     # schema
     ("POST", RUNS, {}, 422, "validation_error"),
     ("POST", RUNS, [], 422, "validation_error"),
@@ -108,6 +115,14 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("POST", RUNS, {"question": "x", "images": ["http://[::1]/a.png"]}, 400, "invalid_image"),
     ("POST", RUNS, {"question": "x", "images": ["http://10.0.0.1/a.png"]}, 400, "invalid_image"),
     ("POST", RUNS, {"question": "x", "images": ["https://user:pw@127.0.0.1/a.png"]}, 400, "invalid_image"),
+    # malformed URLs (a ValueError and a 500 from the URL parser once)
+    ("POST", RUNS, {"question": "x", "images": ["http://1.1.1.1:99999/x.png"]}, 400, "invalid_image"),
+    ("POST", RUNS, {"question": "x", "images": ["http://[::1/"]}, 400, "invalid_image"),
+    ("POST", RUNS, {"question": "x", "images": ["http://example.com:abc/x.png"]}, 400, "invalid_image"),
+    ("POST", RUNS, {"question": "x", "images": ["https://example.com:-1/"]}, 400, "invalid_image"),
+    ("POST", RUNS, {"question": "x", "images": ["http://a..b/x.png"]}, 400, "invalid_image"),
+    ("POST", SELECT, select_with_image("http://1.1.1.1:99999/x.png"), 400, "invalid_image"),
+    ("POST", SELECT, select_with_image("http://[::1/"), 400, "invalid_image"),
     ("POST", SELECT, select_with_image("file:///etc/passwd"), 400, "invalid_image"),
     ("POST", SELECT, select_with_image("bm90IGFuIGltYWdl"), 400, "invalid_image"),
     ("POST", RUNS, {"question": "x", "images": ["x"] * 5}, 413, "payload_too_large"),
@@ -167,6 +182,18 @@ def test_lone_surrogates_are_refused_not_a_500(client: httpx.Client, error_shape
     r = client.post(path, content=raw, headers={"content-type": "application/json"})
     assert r.status_code in (400, 422), r.text
     error_shape(r, r.status_code)
+
+
+@pytest.mark.parametrize("data", [b"hello, this is text", PNG_MAGIC + b"\x00" * 64, b"GIF89a" + b"\x00" * 10,
+                                  b"\xff\xd8\xff" + b"\x00" * 32])
+def test_error_messages_carry_no_object_reprs(client: httpx.Client, error_shape: ErrorShape,
+                                              data: bytes) -> None:
+    """Pillow's messages quote their objects ("cannot identify image file <_io.BytesIO object at
+    0x7f...>"): no repr or memory address may reach a client."""
+    for path, body in ((RUNS, {"question": "x", "images": [b64(data)]}),
+                       (SELECT, select_with_image(b64(data)))):
+        err = error_shape(client.post(path, json=body), 400, "invalid_image")
+        assert not re.search(r"object at|0x[0-9a-f]{6,}|<_io\.", err["message"]), err["message"]
 
 
 def test_validation_errors_name_the_field(client: httpx.Client, error_shape: ErrorShape) -> None:

@@ -11,9 +11,11 @@ import asyncio
 import base64
 import contextlib
 import io
+import ipaddress
 import socket
 import threading
 import time
+import urllib.parse
 import zlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -24,6 +26,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, RedirectResponse, Response, StreamingResponse
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from PIL import Image, ImageFile
 
 from ssr_server.api.images import (
@@ -34,16 +38,16 @@ from ssr_server.api.images import (
     fetch_url,
     load_image,
 )
-from ssr_server.demo.world import entities, render_image
 from ssr_server.engine.base import ImageRef
 from ssr_server.errors import InvalidImage, InvalidRequest, PayloadTooLarge
+from ssr_server.world import demo_entities, demo_picture
 
 PRIVATE = ImageLimits(allow_private=True, timeout_s=5.0)
 PUBLIC_ONLY = ImageLimits(allow_private=False, timeout_s=5.0)
 
 
 def png_bytes(size: tuple[int, int] | None = None) -> bytes:
-    img = render_image(entities()[0].id)
+    img = demo_picture(demo_entities()[0].id)
     if size is not None:
         img = img.resize(size)
     buf = io.BytesIO()
@@ -104,7 +108,7 @@ async def test_other_schemes_are_refused(scheme: str) -> None:
 @pytest.mark.parametrize("fmt", sorted(ALLOWED_FORMATS))
 def test_allowed_formats_decode(fmt: str) -> None:
     buf = io.BytesIO()
-    render_image(entities()[0].id).save(buf, format=fmt)
+    demo_picture(demo_entities()[0].id).save(buf, format=fmt)
     ref = decode_image_bytes(buf.getvalue(), ImageLimits())
     assert ref.image.mode == "RGB" and ref.image.size == (224, 160)
 
@@ -112,7 +116,7 @@ def test_allowed_formats_decode(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["TIFF", "ICO", "PPM", "PCX", "TGA"])
 def test_other_formats_are_refused(fmt: str) -> None:
     buf = io.BytesIO()
-    render_image(entities()[0].id).resize((64, 64)).save(buf, format=fmt)
+    demo_picture(demo_entities()[0].id).resize((64, 64)).save(buf, format=fmt)
     with pytest.raises(InvalidImage, match="format"):
         decode_image_bytes(buf.getvalue(), ImageLimits())
 
@@ -219,12 +223,41 @@ async def test_private_ipv4_inside_ipv6_translation_prefixes_is_refused(url: str
     assert sent == []
 
 
-@pytest.mark.parametrize("url", ["http://user:pw@8.8.8.8/a.png", "http:///a.png", "http://:80/a.png"])
+MALFORMED = [
+    "http://user:pw@8.8.8.8/a.png", "http:///a.png", "http://:80/a.png",
+    # ports out of range or not numbers, broken IPv6 literals (a 500 from urlsplit().port once)
+    "http://1.1.1.1:99999/x.png", "http://[::1/", "http://example.com:abc/x.png", "https://example.com:-1/",
+    "http://example.com:0/", "http://example.com:65536/", "http://[v1.x]/", "http://[::1]]/",
+    # hosts that are no DNS name: not looked up at all
+    "http://xn--/", "http://a..b/", "http://" + "a" * 64 + ".com/", "http://" + "a." * 130 + "com/",
+    "http://exa mple.com/", "http://-a.com/", "http://a%00b.com/", "http://x.127.0.0.1/", "http://1.2.3.4.5/",
+    "http://256.1.1.1/", "http://a_b.99/",
+    # characters httpx cannot encode
+    "http://a/\udcff", "http://a\x00b/", "http://\u0000/",
+]
+
+
+@pytest.mark.parametrize("url", MALFORMED)
 async def test_malformed_urls_are_refused_before_connecting(url: str) -> None:
     client, sent = never_called()
     async with client:
-        with pytest.raises(InvalidImage):
-            await fetch_url(url, ImageLimits(allow_private=True), client)
+        for limits in (ImageLimits(allow_private=True), PUBLIC_ONLY):
+            with pytest.raises(InvalidImage) as info:
+                await fetch_url(url, limits, client)
+            assert_no_internals(info.value.message)
+            with pytest.raises(InvalidImage):
+                await load_image(url, limits, client)
+    assert sent == []
+
+
+@pytest.mark.parametrize("host", ["127.1", "2130706433", "0x7f000001", "0x7f.1", "127.0.0.1."])
+async def test_numeric_host_forms_are_addresses_never_names(host: str) -> None:
+    """A host ending in a number is read as an IPv4 address (the resolver would do the same), so it is
+    vetted as one and never sent to DNS."""
+    client, sent = never_called()
+    async with client:
+        with pytest.raises(InvalidImage, match="non-public"):
+            await fetch_url(f"http://{host}/a.png", PUBLIC_ONLY, client)
     assert sent == []
 
 
@@ -257,6 +290,28 @@ async def test_each_redirect_hop_is_checked_again() -> None:
     for req in sent:
         assert req.url.host == "93.184.216.34" and req.url.path == "/start.png"
         assert req.headers["host"] == "93.184.216.34"
+
+
+@pytest.mark.parametrize("location", [
+    "http://1.1.1.1:99999/x.png", "http://[::1/", "http://example.com:abc/x.png", "https://example.com:-1/",
+    "http://a..b/", "//[::1/x",
+])
+async def test_a_redirect_to_a_malformed_url_is_invalid(location: str) -> None:
+    sent: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request)
+        return httpx.Response(302, headers={"location": location})
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with pytest.raises(InvalidImage) as info:
+            await fetch_url("http://93.184.216.34/start.png", PUBLIC_ONLY, client)
+    assert_no_internals(info.value.message)
+    assert len(sent) == 1  # the first hop only
+
+
+def assert_no_internals(message: str) -> None:
+    assert " at 0x" not in message and "<_io." not in message and "object at" not in message, message
 
 
 # ---- a real local server -------------------------------------------------------------------------------
@@ -464,8 +519,9 @@ async def test_non_200_is_invalid(server: tuple[str, list[Any]], code: int) -> N
 
 async def test_a_non_image_body_is_invalid(server: tuple[str, list[Any]]) -> None:
     url, _ = server
-    with pytest.raises(InvalidImage, match="decoded"):
+    with pytest.raises(InvalidImage, match="not recognised") as info:
         await load_image(url + "/text", PRIVATE)
+    assert_no_internals(info.value.message)
 
 
 async def test_a_closed_port_is_an_invalid_image_not_a_crash() -> None:
@@ -474,3 +530,154 @@ async def test_a_closed_port_is_an_invalid_image_not_a_crash() -> None:
         port = s.getsockname()[1]
     with pytest.raises(InvalidImage, match="failed"):
         await fetch_url(f"http://127.0.0.1:{port}/a.png", PRIVATE)
+
+
+# ---- fuzzing the URL intake (loopback only) ----------------------------------------------------------------
+class LoopbackOnly(httpx.AsyncBaseTransport):
+    """A real transport that connects to loopback addresses only; any other address is recorded (the
+    test then fails) and not contacted. The fetcher always connects to the address it vetted, so the
+    request's host here is that address."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport(retries=0)
+        self.escaped: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            loopback = ipaddress.ip_address(request.url.host).is_loopback
+        except ValueError:
+            loopback = False
+        if not loopback:
+            self.escaped.append(str(request.url))
+            raise httpx.ConnectError("not loopback: refused by the test transport", request=request)
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+# Only IP literals of loopback pass the allow-list: every other host is refused before any lookup, and
+# names ending in a number (x.127.0.0.1) are no names at all, so nothing is ever sent to DNS.
+FUZZ_LIMITS = ImageLimits(allow_private=True, allowlist=("127.0.0.1", "::1"), timeout_s=2.0,
+                          max_bytes=BIG, max_redirects=3)
+_HOSTS = st.one_of(
+    st.sampled_from(["127.0.0.1", "[::1]", "127.1", "[::1", "::1]", "[v1.x]", "1.1.1.1", "example.com",
+                     "", "0x7f.1", "%31%32%37.0.0.1", "xn--", "a..b", "ünï.com", "[fe80::1%25eth0]",
+                     "x.127.0.0.1", "127.0.0.1.", "LOCALHOST", "[::ffff:127.0.0.1]", "user@127.0.0.1",
+                     "127.0.0.1\\@1.1.1.1"]),
+    st.text(max_size=16),
+    st.from_regex(r"[a-z0-9.\-\[\]:%@_]{0,20}", fullmatch=True),
+)
+_PORTS = st.one_of(st.just(""), st.just(":{port}"), st.integers(-70000, 140000).map(lambda p: f":{p}"),
+                   st.text(max_size=6).map(lambda t: ":" + t))
+_PATHS = st.one_of(
+    st.sampled_from(["/img.png", "/text", "/bomb.png", "/chain/2", "/chain/9", "/loop", "/status/500",
+                     "/no-location", "/stream-big", "/declared-big", "", "/", "?#", "/%zz"]),
+    st.text(alphabet=st.characters(codec="utf-8"), max_size=24).map(
+        lambda t: "/redirect?to=" + urllib.parse.quote(t, safe="")),
+    st.text(max_size=16),
+)
+_STRUCTURED = st.tuples(
+    st.sampled_from(["http", "https", "HTTP", "hTtPs", "ftp", "file", "", "h\x00ttp"]),
+    st.sampled_from(["://", ":/", ":", ":///", "://\\", "//"]),
+    st.one_of(st.just(""), st.text(max_size=6).map(lambda t: t + "@")),
+    _HOSTS, _PORTS, _PATHS,
+).map(lambda p: "".join(p))
+_SPECS = st.one_of(_STRUCTURED, st.text(max_size=40).map(lambda t: "http://" + t), st.text(max_size=40))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(spec=_SPECS)
+def test_fuzzed_urls_give_only_typed_4xx_errors(img_server: tuple[str, list[Any]], spec: str) -> None:
+    """Whatever the URL (or what it redirects to), intake ends in an image or in one of our typed
+    4xx errors with a clean message: never a ValueError, an httpx error or a 500; and nothing outside
+    the loopback interface is ever contacted."""
+    port = img_server[0].rsplit(":", 1)[1]
+    spec = spec.replace("{port}", port)
+
+    async def attempt() -> tuple[ImageRef | InvalidRequest, list[str]]:
+        transport = LoopbackOnly()
+        async with httpx.AsyncClient(transport=transport) as client:
+            try:
+                return await load_image(spec, FUZZ_LIMITS, client), transport.escaped
+            except InvalidRequest as exc:
+                return exc, transport.escaped
+
+    outcome, escaped = asyncio.run(attempt())
+    assert escaped == [], f"{spec!r} reached beyond loopback: {escaped}"
+    if isinstance(outcome, InvalidRequest):
+        assert 400 <= outcome.status_code < 500, (spec, outcome)
+        assert_no_internals(outcome.message)
+    else:
+        assert outcome.image.mode == "RGB"
+
+
+# ---- bounded decoding and what the server keeps ---------------------------------------------------------
+async def test_decoding_is_bounded_by_the_decode_slots() -> None:
+    """Eight images at once through two slots: never more than two decodes run together (each decode
+    here waits until a third one would have started, or 1 s)."""
+    lock = threading.Lock()
+    state = {"active": 0, "peak": 0}
+    third = threading.Event()
+    real = decode_image_bytes
+
+    def watched(data: bytes, limits: ImageLimits) -> ImageRef:
+        with lock:
+            state["active"] += 1
+            state["peak"] = max(state["peak"], state["active"])
+            if state["active"] >= 3:
+                third.set()
+        third.wait(1.0)
+        try:
+            return real(data, limits)
+        finally:
+            with lock:
+                state["active"] -= 1
+
+    limits = ImageLimits(decode_slots=asyncio.Semaphore(2))
+    spec = base64.b64encode(PNG).decode()
+    with mock.patch("ssr_server.api.images.decode_image_bytes", watched):
+        refs = await asyncio.wait_for(asyncio.gather(*(load_image(spec, limits) for _ in range(8))), 60)
+    assert len(refs) == 8 and all(r.image.size == (224, 160) for r in refs)
+    assert state["peak"] <= 2, f"{state['peak']} decodes ran at once with two slots"
+
+
+async def test_a_cancelled_caller_keeps_its_slot_until_the_decode_ends() -> None:
+    """The slot bounds pixels in memory: a caller that stops waiting must not free it while its thread
+    still decodes."""
+    started, finish = threading.Event(), threading.Event()
+    real = decode_image_bytes
+
+    def slow(data: bytes, limits: ImageLimits) -> ImageRef:
+        started.set()
+        finish.wait(10)
+        return real(data, limits)
+
+    slots = asyncio.Semaphore(1)
+    limits = ImageLimits(decode_slots=slots)
+    with mock.patch("ssr_server.api.images.decode_image_bytes", slow):
+        task = asyncio.create_task(load_image(base64.b64encode(PNG).decode(), limits))
+        assert await asyncio.to_thread(started.wait, 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert slots.locked()  # the thread still decodes: the slot is still taken
+        finish.set()
+        async with asyncio.timeout(10), slots:  # freed once the thread is done
+            pass
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
+def test_large_images_are_kept_downscaled(fmt: str) -> None:
+    img = demo_picture(demo_entities()[0].id).resize((2400, 1600))
+    buf = io.BytesIO()
+    img.save(buf, format=fmt)
+    keep = 600_000
+    ref = decode_image_bytes(buf.getvalue(), ImageLimits(keep_pixels=keep))
+    w, h = ref.image.size
+    assert w * h <= keep and w * h >= 0.95 * keep, (w, h)
+    assert abs(w / h - 1.5) < 0.01 and ref.image.mode == "RGB"
+    # small enough already: kept as sent, pixel for pixel
+    same = decode_image_bytes(PNG, ImageLimits(keep_pixels=keep))
+    assert same.digest == ImageRef.from_pil(Image.open(io.BytesIO(PNG))).digest

@@ -9,10 +9,12 @@ from typing import Any
 import httpx
 import pytest
 
-OUTCOMES = {"answered", "max_turns", "error", "cancelled", "timeout"}
+OUTCOMES = {"answered", "max_turns", "error", "cancelled", "timeout", "context_limit"}
 RUN_FIELDS = {"id", "question", "mode", "library", "outcome", "answer", "error", "turns", "timings", "usage"}
-TURN_FIELDS = {"index", "mode", "candidate_id", "reasoning", "scores", "q", "action_type", "argument",
-               "action_text", "observation", "observation_ok", "error", "context_tokens", "cached_tokens",
+TURN_FIELDS = {"index", "mode", "candidate_id", "reasoning", "scores", "q", "action_type", "tool_name",
+               "argument", "arguments", "action_text", "observation", "observation_ok", "tool_data", "error",
+               "reasoning_span", "action_span",
+               "context_tokens", "cached_tokens",
                "scored_tokens", "reasoning_tokens", "action_tokens", "reasoning_s", "action_s", "tool_s",
                "turn_s"}
 ACTION_TYPES = {"image_search", "text_search", "zoom", "answer"}
@@ -44,8 +46,13 @@ def check_run(run: dict[str, Any], body: dict[str, Any], library: dict[str, Any]
         assert set(t) == TURN_FIELDS
         assert t["mode"] == run["mode"]
         assert t["action_type"] in ACTION_TYPES
-        assert t["action_text"].startswith(f"<{t['action_type']}>")
-        assert t["action_text"].endswith(f"</{t['action_type']}>")
+        if t["action_type"] == "answer":  # the reference format's actions
+            assert t["action_text"].startswith("\n<answer>") and t["action_text"].endswith("</answer>")
+            assert t["tool_name"] is None and t["arguments"] is None
+        else:
+            assert t["action_text"].startswith(f'\n<tool_call>\n{{"name": "{t["tool_name"]}", "arguments": ')
+            assert t["action_text"].endswith("}\n</tool_call>")
+            assert isinstance(t["arguments"], dict) and t["argument"]
         assert t["reasoning_s"] > 0 and t["action_s"] > 0 and t["tool_s"] >= 0
         assert t["turn_s"] >= t["reasoning_s"] + t["action_s"] + t["tool_s"]
         assert t["context_tokens"] > 0 and 0 <= t["cached_tokens"] <= t["context_tokens"]
@@ -145,8 +152,8 @@ def test_explicit_candidates_and_label_only(client: httpx.Client) -> None:
     assert run["outcome"] in OUTCOMES
     libs = client.get("/v1/libraries").json()
     ids = [c["id"] for c in next(x for x in libs if x["name"] == "default")["candidates"]]
-    for t in run["turns"]:
-        assert t["reasoning"] == f"[{ids.index(t['candidate_id']) + 1}]"
+    for t in run["turns"]:  # the label is the number the system prompt lists the strategy under (by id)
+        assert t["reasoning"] == f"[{sorted(ids).index(t['candidate_id'])}]"
 
 
 def test_other_library(client: httpx.Client) -> None:

@@ -125,8 +125,25 @@ def test_tiny_shape_builds_loads_and_measures_on_cpu(tmp_path: Path) -> None:
     assert s["turns"] == 2 and s["freeform_tokens"] == 2 and len(s["candidate_tokens"]) == 6
     assert s["context_tokens_last"] > s["context_tokens_first"] > 140  # image: 14 x 10 merged patches
     assert s["cache"]["ok"] is True
+    checks = s["checks"]  # the embedded engine's correctness checks ran too
+    assert checks["packed_vs_naive_max_abs_diff"] <= 1e-4 and checks["greedy_equal"] is True
+    assert s["checks_ok"] is True
     model = tmp_path / "work" / "qwen3-vl-tiny"
     cfg = json.loads((model / "config.json").read_text())
     assert cfg["text_config"]["rope_scaling"]["mrope_section"] == [6, 5, 5]
     assert (model / "model.safetensors").exists() and (model / "tokenizer.json").exists()
     assert json.loads(out.read_text())["shapes"]["tiny"]["ssr"]["mean_ms"] > 0
+
+
+def test_dry_run_rehearses_the_torch_check_on_cpu(tmp_path: Path) -> None:
+    """``--dry-run`` with the embedded engine: the plan for the real shapes, then the whole check on a
+    tiny stand-in (build, load, measure, packed-vs-naive and greedy-vs-generate), JSON written."""
+    out = tmp_path / "r.json"
+    r = gc.run_gpu_check(["2b"], engine="torch", turns=2, warmup=0, freeform_tokens=4, json_path=str(out),
+                         dry_run=True, work_dir=str(tmp_path / "work"), log=lambda _: None)
+    assert r["plan"][0]["params"] > 2e9  # the plan is for the real 2B shape
+    rehearsal = r["rehearsal"]["shapes"]["2b"]
+    assert rehearsal["params"] < 5e7 and rehearsal["turns"] == 2
+    assert rehearsal["checks_ok"] is True and r["ok"] is True
+    saved = json.loads(out.read_text())
+    assert saved["dry_run"] is True and saved["rehearsal"]["shapes"]["2b"]["checks"]["greedy_equal"] is True

@@ -45,7 +45,7 @@ def tiny_dir(tiny_model_dir: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def lm(tiny_dir: Path) -> LoadedModel:
-    return load_model(str(tiny_dir), dtype="fp32")
+    return load_model(str(tiny_dir))
 
 
 @pytest.fixture(scope="session")

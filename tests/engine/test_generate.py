@@ -4,6 +4,7 @@ seeded sampling, concurrent runs batched by the scheduler, cancellation, bf16.""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from ssr_server.engine.base import Context, Generation, GenerationParams, ImageRef
+from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import LoadedModel
 
@@ -185,7 +187,7 @@ async def test_eos_token_ends_and_is_not_in_text(lm: LoadedModel, tok: Any, cont
     tokens = greedy_run.token_ids
     k = next(i for i in range(3, len(tokens)) if tokens[i] not in tokens[:i])
     engine = TorchEngine(lm)
-    engine.scheduler.eos_ids = frozenset({tokens[k]})  # pretend that token is the model's EOS
+    engine.scheduler.decoder.eos_ids = frozenset({tokens[k]})  # pretend that token is the model's EOS
     try:
         g = await engine.generate(contexts["image"], greedy(24))
         through = await engine.generate(contexts["image"], greedy(24, ignore_eos=True))
@@ -290,9 +292,19 @@ async def test_closed_engine_refuses_work(lm: LoadedModel, contexts: dict[str, C
 # ---------------------------------------------------------------- bf16
 
 
+def finite_logprob(x: float) -> bool:
+    """A log-probability: finite (``x == x`` alone lets -inf through) and at most 0."""
+    return math.isfinite(x) and x <= 0
+
+
+def test_finite_logprob_refuses_nan_and_infinities() -> None:
+    assert finite_logprob(0.0) and finite_logprob(-12.5)
+    assert not any(finite_logprob(x) for x in (float("-inf"), float("nan"), float("inf"), 0.25))
+
+
 async def test_bf16_engine(tiny_dir: Path, contexts: dict[str, Context], candidates: list[list[int]],
                            engine: TorchEngine) -> None:
-    bf16 = TorchEngine(str(tiny_dir), dtype="bf16")
+    bf16 = TorchEngine(str(tiny_dir), EngineConfig(dtype="bf16"))
     try:
         assert bf16.lm.dtype == torch.bfloat16
         assert next(bf16.lm.model.parameters()).dtype == torch.bfloat16
@@ -303,7 +315,7 @@ async def test_bf16_engine(tiny_dir: Path, contexts: dict[str, Context], candida
         want = await engine.score(ctx, candidates)  # fp32
         for a, b in zip(got, want, strict=True):
             assert a.num_tokens == b.num_tokens
-            assert all(x == x and x <= 0 for x in a.token_logprobs)  # finite log-probabilities
+            assert all(finite_logprob(x) for x in a.token_logprobs)
             assert abs(a.logprob_sum - b.logprob_sum) <= 0.05 * abs(b.logprob_sum) + 1.0
     finally:
         bf16.scheduler.close()

@@ -14,6 +14,7 @@ from ssr_server.engine.torch.prefix_cache import CacheEntry, CandidateKV, Prefix
 from ssr_server.engine.torch.runner import Chunk
 
 LAYERS, HEADS, DIM = 2, 2, 4
+CPU = torch.device("cpu")
 
 
 def kv_of(length: int, capacity: int | None = None, start: float = 0.0) -> SeqKV:
@@ -208,7 +209,8 @@ def chunk_on(past: SeqKV | None, t: int, past_len: int | None = None) -> Chunk:
 
 def test_plan_groups_consecutive_chunks_on_one_past() -> None:
     a, b = kv_of(4, capacity=4), kv_of(3, capacity=8)
-    segs = segments.plan([chunk_on(a, 2), chunk_on(a, 3), chunk_on(b, 1), chunk_on(None, 2)], torch.float32)
+    chunks = [chunk_on(a, 2), chunk_on(a, 3), chunk_on(b, 1), chunk_on(None, 2)]
+    segs = segments.plan(chunks, torch.float32, CPU)
     assert [(s.start, s.end, s.past_len, s.bounds) for s in segs] == [
         (0, 5, 4, [(0, 2), (2, 5)]), (5, 6, 3, [(0, 1)]), (6, 8, 0, [(0, 2)])]
     assert segs[0].past is a and segs[1].past is b and segs[2].past is None
@@ -220,7 +222,7 @@ def test_plan_groups_consecutive_chunks_on_one_past() -> None:
 
 def test_plan_masks_are_block_causal_over_the_past() -> None:
     a = kv_of(3)
-    (seg,) = segments.plan([chunk_on(a, 2), chunk_on(a, 3)], torch.float32)
+    (seg,) = segments.plan([chunk_on(a, 2), chunk_on(a, 3)], torch.float32, CPU)
     assert seg.mask is not None and seg.mask.shape == (1, 1, 5, 3 + 5)
     seen = (seg.mask[0, 0] == 0).int().tolist()
     assert seen == [
@@ -231,15 +233,15 @@ def test_plan_masks_are_block_causal_over_the_past() -> None:
         [1, 1, 1, 0, 0, 1, 1, 1],
     ]
     assert seg.mask.min().item() == torch.finfo(torch.float32).min
-    (one,) = segments.plan([chunk_on(a, 1)], torch.float32)
+    (one,) = segments.plan([chunk_on(a, 1)], torch.float32, CPU)
     assert one.mask is None  # a single decode token sees its whole past: no mask at all
 
 
 def test_plan_shared_or_partial_pasts_are_not_written() -> None:
     a, b = kv_of(4, capacity=4), kv_of(4, capacity=4)
-    segs = segments.plan([chunk_on(a, 2), chunk_on(b, 1), chunk_on(a, 2)], torch.float32)
+    segs = segments.plan([chunk_on(a, 2), chunk_on(b, 1), chunk_on(a, 2)], torch.float32, CPU)
     assert len(segs) == 3 and not segs[0].inplace and not segs[2].inplace  # a is used twice
     assert segs[1].inplace
     assert a.capacity == 4  # nothing reserved in a past that is not written
-    (part,) = segments.plan([chunk_on(b, 2, past_len=2)], torch.float32)
+    (part,) = segments.plan([chunk_on(b, 2, past_len=2)], torch.float32, CPU)
     assert not part.inplace and part.past_len == 2  # a prefix of b: its tail must not be overwritten

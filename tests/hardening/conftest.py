@@ -1,9 +1,11 @@
 """Fixtures of the hardening tests: servers that expose their uvicorn.Server, long runs, metrics.
 
 Every server listens on 127.0.0.1 only and shares the session's tiny engine (no model load per server).
-A *long* run is a freeform run with a demo image: the image makes ``image_search`` succeed, so the run
-never stops early on the error limit and lasts ``max_turns`` turns of ``reasoning_budget`` tokens each
-(on 2 CPU cores: ~0.3 s per turn at a budget of 100 tokens).
+A *long* run is a freeform run with a demo image whose turns decode ``reasoning_budget`` tokens of
+reasoning each (on 2 CPU cores: 1-2 s for a turn of 2048, the most a turn may have). How many turns a
+run takes depends on the actions the (random) model decodes, so a test that needs a run to last uses one
+long turn, and hangs up or acts as soon as it sees the run in flight. Where a run must last as long as
+the test wants, it waits on a held search instead (``test_shutdown_process.py``).
 """
 
 from __future__ import annotations
@@ -78,10 +80,10 @@ def serve(torch_engine: Any, demo_tools: Any) -> Callable[..., contextlib.Abstra
 
 @pytest.fixture(scope="session")
 def demo_image_b64() -> str:
-    from ssr_server.demo.world import entities, render_image
+    from ssr_server.world import demo_entities, demo_picture
 
     buf = io.BytesIO()
-    render_image(entities()[0].id).save(buf, "PNG")
+    demo_picture(demo_entities()[0].id).save(buf, "PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
 
@@ -135,10 +137,8 @@ def poll() -> Callable[[Callable[[], bool], float], bool]:
 
 
 def engine_busy(engine: Any) -> int:
-    """Jobs the embedded engine's worker holds: queued ones plus active generations."""
-    sched = engine.scheduler
-    with sched._cv:
-        return len(sched._pending) + len(sched._active)
+    """1 while the embedded engine's worker holds any job (queued, prefilling or generating), else 0."""
+    return 0 if engine.scheduler.idle() else 1
 
 
 @pytest.fixture(scope="session")

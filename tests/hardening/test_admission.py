@@ -4,8 +4,13 @@ Retry-After, none is lost, and the server still answers. Plus the per-run deadli
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import http.server
 import json
+import threading
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -58,8 +63,8 @@ async def test_twice_the_capacity_is_served_or_refused_none_lost(serve: Any, lon
     settings = Settings(max_concurrent_runs=RUNNING, max_queued_runs=QUEUED, run_deadline_s=60)
     with serve(settings) as live:
         overloaded_before = read_metric(live.url, "ssr_requests_rejected_total", reason="overloaded")
-        # 3 turns of 80 tokens: long enough that all requests arrive while the first ones run.
-        bodies = [long_run(reasoning_budget=80, max_turns=3, stream=(i % 4 == 3)) for i in range(SENT)]
+        # a first turn of 400 tokens (~1.6 s): long enough that all requests arrive while the first run.
+        bodies = [long_run(reasoning_budget=400, max_turns=3, stream=(i % 4 == 3)) for i in range(SENT)]
         limits = httpx.Limits(max_connections=SENT + 2)
         async with httpx.AsyncClient(base_url=live.url, timeout=120, limits=limits) as client:
             peak = {"running": 0, "queued": 0}
@@ -102,7 +107,7 @@ async def test_queue_of_zero_refuses_at_once(serve: Any, long_run: Any) -> None:
     """max_queued_runs=0: only what can run is admitted; the rest is refused without waiting."""
     with serve(Settings(max_concurrent_runs=1, max_queued_runs=0)) as live:
         async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
-            first = asyncio.create_task(client.post("/v1/agent/runs", json=long_run(max_turns=4)))
+            first = asyncio.create_task(client.post("/v1/agent/runs", json=long_run(2048, 1)))
             for _ in range(200):  # wait (bounded) until the first run holds the slot
                 if (await client.get("/ready")).json()["runs_in_flight"] == 1:
                     break
@@ -117,16 +122,17 @@ async def test_queue_of_zero_refuses_at_once(serve: Any, long_run: Any) -> None:
             assert _fate(await client.post("/v1/agent/runs", json=long_run(max_turns=1))) == "completed"
 
 
-async def test_run_deadline_ends_with_timeout_and_partial_turns(serve: Any, long_run: Any,
-                                                               engine_load: Any, poll: Any) -> None:
-    body = long_run(reasoning_budget=100, max_turns=12)
-    # The deadline is sized from this machine's own speed (CI cores are shared and noisy): about
-    # 2.5 turns' worth, so the run is cut after a turn or two and long before its 12 turns.
+async def test_run_deadline_ends_with_timeout(serve: Any, long_run: Any, engine_load: Any,
+                                             poll: Any) -> None:
+    body = long_run(reasoning_budget=2048, max_turns=12)
+    # The deadline is sized from this machine's own speed (CI cores are shared and noisy): the time
+    # of 600 reasoning tokens, so the run is cut about a third into its first turn of 2048.
     with serve(Settings()) as live:
         async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
-            r = await client.post("/v1/agent/runs", json={**body, "max_turns": 2})
-        assert r.status_code == 200 and len(r.json()["turns"]) == 2, r.text
-        deadline = max(0.3, 1.25 * r.json()["timings"]["total_s"])
+            r = await client.post("/v1/agent/runs", json={**body, "reasoning_budget": 200, "max_turns": 1})
+        assert r.status_code == 200 and r.json()["turns"], r.text
+        turn = r.json()["turns"][0]
+        deadline = max(0.3, 3.0 * turn["reasoning_s"] * 200 / max(1, turn["reasoning_tokens"]))
     with serve(Settings(run_deadline_s=deadline)) as live:
         async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
             r = await client.post("/v1/agent/runs", json=body)
@@ -135,7 +141,7 @@ async def test_run_deadline_ends_with_timeout_and_partial_turns(serve: Any, long
             turn_s = [t["turn_s"] for t in run["turns"]]
             assert run["outcome"] == "timeout", (run["outcome"], deadline, turn_s)
             assert "deadline" in (run["error"] or "")
-            assert 1 <= len(run["turns"]) < 12, len(run["turns"])
+            assert len(run["turns"]) < 12, len(run["turns"])
             # the same through the stream: turn events, then the run with outcome timeout
             r = await client.post("/v1/agent/runs", json={**body, "stream": True})
             assert r.status_code == 200
@@ -147,3 +153,98 @@ async def test_run_deadline_ends_with_timeout_and_partial_turns(serve: Any, long
             assert await asyncio.to_thread(poll, lambda: engine_load() == 0, 5.0)
             ready = (await client.get("/ready")).json()
             assert ready["runs_in_flight"] == 0 and ready["ready"], ready
+
+
+async def _until_in_flight(client: httpx.AsyncClient, n: int) -> None:
+    async with asyncio.timeout(30):
+        while True:
+            if (await client.get("/ready")).json()["runs_in_flight"] == n:
+                return
+            await asyncio.sleep(0.02)
+
+
+class _CountingImages:
+    """A loopback HTTP server that serves one PNG and counts every request it gets."""
+
+    def __init__(self, png: bytes) -> None:
+        hits = self.hits = [0]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                hits[0] += 1
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(png)))
+                self.end_headers()
+                self.wfile.write(png)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/img.png"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+async def test_admission_is_decided_before_any_image_work(serve: Any, long_run: Any, read_metric: Any,
+                                                        demo_image_b64: str) -> None:
+    """A full server answers 429 before it fetches or decodes anything: the image server sees no
+    request, and bytes that are no image get a 429, not the 400 that decoding them would give. When
+    there is room, a bad image gets its 400 and gives the slot back."""
+    images = _CountingImages(base64.b64decode(demo_image_b64))
+    junk = base64.b64encode(b"not an image at all").decode()
+    settings = Settings(max_concurrent_runs=1, max_queued_runs=0, allow_private_urls=True, run_deadline_s=60)
+    try:
+        with serve(settings) as live:
+            async with httpx.AsyncClient(base_url=live.url, timeout=60) as client:
+                before = read_metric(live.url, "ssr_requests_rejected_total", reason="overloaded")
+                first = asyncio.create_task(client.post("/v1/agent/runs", json=long_run(2048, 12)))
+                await _until_in_flight(client, 1)
+                full = [
+                    ("/v1/agent/runs", {"question": "x", "images": [images.url] * 4, "max_turns": 1}),
+                    ("/v1/agent/runs", {"question": "x", "images": [junk], "max_turns": 1}),
+                    ("/v1/ssr/select", {"messages": [{"role": "user", "content": [
+                        {"type": "image", "image": images.url}, {"type": "text", "text": "What?"}]}]}),
+                    ("/v1/ssr/select", {"messages": [{"role": "user", "content": [
+                        {"type": "image", "image": junk}, {"type": "text", "text": "What?"}]}]}),
+                ]
+                for path, body in full:
+                    r = await client.post(path, json=body)
+                    assert r.status_code == 429, (path, r.status_code, r.text[:300])
+                    assert r.headers.get("retry-after"), r.headers
+                assert images.hits[0] == 0, "an image was fetched for a request that was refused"
+                # not even the body is parsed: broken JSON, and a 6 MB body streamed in chunks, both
+                # get their 429 (the client, still sending, receives it)
+                r = await client.post("/v1/agent/runs", content=b"{not json",
+                                      headers={"content-type": "application/json"})
+                assert r.status_code == 429, r.text
+
+                async def big() -> AsyncIterator[bytes]:
+                    yield b'{"question": "x", "images": ["'
+                    for _ in range(96):
+                        yield b"A" * 65536
+                    yield b'"]}'
+
+                r = await client.post("/v1/agent/runs", content=big(),
+                                      headers={"content-type": "application/json"})
+                assert r.status_code == 429 and r.json()["error"]["code"] == "overloaded", r.text[:300]
+                after = read_metric(live.url, "ssr_requests_rejected_total", reason="overloaded")
+                assert after - before == len(full) + 2
+                first.cancel()  # hang up: the server cancels the run and frees the slot
+                with contextlib.suppress(asyncio.CancelledError):
+                    await first
+                await _until_in_flight(client, 0)
+
+                one = {"question": "What is it?", "max_turns": 1}
+                r = await client.post("/v1/agent/runs", json={**one, "images": [junk]})
+                assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image", r.text
+                r = await client.post("/v1/agent/runs", json={**one, "images": [images.url]})
+                assert r.status_code == 200, r.text[:300]  # the slot came back after the 400
+                assert images.hits[0] == 1
+    finally:
+        images.close()

@@ -12,9 +12,9 @@ import pytest
 
 from ssr_server.config import Settings
 
-# A run far longer than any of these tests waits: 12 turns of 400 tokens (~10 s here);
+# A run longer than these tests wait before hanging up: a first turn of 2048 reasoning tokens (~1.5 s here);
 # the server's deadline bounds the damage if cancellation ever fails.
-LONG = {"reasoning_budget": 400, "max_turns": 12}
+LONG = {"reasoning_budget": 2048, "max_turns": 12}
 DRAIN_S = 5.0  # how long the server may take to notice the disconnect and free everything
 
 
@@ -62,7 +62,7 @@ async def test_client_timeout_cancels_the_run(live: Any, long_run: Any, read_met
                                               settled: Callable[[], bool]) -> None:
     cancelled = _cancelled(read_metric, live.url)
     gone = read_metric(live.url, "ssr_requests_rejected_total", reason="client_disconnected")
-    timeout = httpx.Timeout(1.5, connect=10)
+    timeout = httpx.Timeout(0.3, connect=10)  # far shorter than the run (2048 tokens: >1 s anywhere)
     async with httpx.AsyncClient(base_url=live.url, timeout=timeout) as client:
         with pytest.raises(httpx.ReadTimeout):
             await client.post("/v1/agent/runs", json=long_run(**LONG))
@@ -88,24 +88,21 @@ async def test_client_gone_mid_run_cancels_engine_work(live: Any, long_run: Any,
     await _assert_still_serving(live.url)
 
 
-async def test_sse_stream_closed_after_first_event_cancels_the_run(live: Any, long_run: Any,
-                                                                   read_metric: Any, poll: Any,
-                                                                   settled: Callable[[], bool]) -> None:
+async def test_sse_stream_dropped_mid_run_cancels_the_run(live: Any, long_run: Any, read_metric: Any,
+                                                          poll: Any, engine_load: Callable[[], int],
+                                                          settled: Callable[[], bool]) -> None:
     cancelled = _cancelled(read_metric, live.url)
-    body = long_run(reasoning_budget=100, max_turns=12, stream=True)  # ~0.3 s per turn event
-    seen: list[str] = []
+    gone = read_metric(live.url, "ssr_requests_rejected_total", reason="client_disconnected")
+    body = long_run(**LONG, stream=True)
     async with httpx.AsyncClient(base_url=live.url, timeout=60) as client, \
             client.stream("POST", "/v1/agent/runs", json=body) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
-        async with asyncio.timeout(30):
-            async for line in r.aiter_lines():
-                seen.append(line)
-                if line.startswith("data:") and any(s.strip() == "event: turn" for s in seen):
-                    break  # the first turn event is in: hang up
-    assert "event: run" not in seen
+        await _in_flight(client, engine_load)  # the run is in the engine: hang up mid-stream
     assert await asyncio.to_thread(poll, settled, DRAIN_S), "the streamed run was not cancelled"
     assert _cancelled(read_metric, live.url) == cancelled + 1
+    # counted like a plain request whose client left
+    assert read_metric(live.url, "ssr_requests_rejected_total", reason="client_disconnected") == gone + 1
     await _assert_still_serving(live.url)
 
 

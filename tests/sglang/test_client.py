@@ -7,14 +7,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from ssr_server.agent.prompt import PromptBuilder
-from ssr_server.demo.world import entities, render_image
+from ssr_server.agent.chat import ChatRenderer
 from ssr_server.engine.base import Context, GenerationParams, ImageRef
 from ssr_server.engine.sglang.client import SGLangEngine
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.errors import InvalidRequest
+from ssr_server.formats.format import get_format
+from ssr_server.library import LibraryRegistry
+from ssr_server.world import demo_entities, demo_picture
 
 pytestmark = pytest.mark.sglang
 CANDIDATES = ["I cannot tell what this is, so I search with the image.\n", "Zoom in.\n", "x\n"]
@@ -28,9 +31,10 @@ def embedded(tiny_model_dir: Path) -> Iterator[TorchEngine]:
 
 
 def _contexts(tok: Any) -> list[Context]:
-    pb = PromptBuilder(tok)
-    img = ImageRef.from_pil(render_image(entities()[1].id))
-    return [pb.start("What is this?", []), pb.start("What is this landmark?", [img])]
+    chat = ChatRenderer(tok, get_format())
+    img = ImageRef.from_pil(demo_picture(demo_entities()[1].id))
+    lib = LibraryRegistry().get("default")
+    return [chat.start("What is this?", [], lib), chat.start("What is this landmark?", [img], lib)]
 
 
 def _max_diff(a: list[Any], b: list[Any]) -> float:
@@ -174,3 +178,62 @@ async def test_flush_cache_waits_for_a_running_request(sglang_url: str, tiny_mod
         assert await asyncio.wait_for(task, timeout=300) > 0
     finally:
         await client.close()
+
+
+async def test_grammar_constrained_calls_validate_on_sglang(sglang_url: str, tiny_model_dir: Path) -> None:
+    """SGLang decodes tool arguments under the same JSON schemas (its own json_schema sampling parameter)
+    and answers under the format's EBNF: every sample parses strictly and validates."""
+    import json
+
+    import jsonschema
+
+    from ssr_server.agent.actions import ACTIONS
+    from ssr_server.engine.base import Grammar
+
+    client = SGLangEngine(sglang_url, model=str(tiny_model_dir))
+    try:
+        ctx = _contexts(client.tokenizer)[0]
+        for action in ("text_search", "zoom"):
+            schema = ACTIONS[action].arguments_schema(2)
+            for seed in range(4):
+                gen = await client.generate(ctx, GenerationParams(
+                    max_new_tokens=ACTIONS[action].max_new_tokens, temperature=1.0, seed=seed,
+                    grammar=Grammar("json_schema", json.dumps(schema))))
+                assert gen.finish_reason == "stop", gen
+                jsonschema.validate(json.loads(gen.text), schema)
+        answer = get_format().answer_grammar()
+        gen = await client.generate(ctx, GenerationParams(max_new_tokens=400, temperature=1.0, seed=1,
+                                                          grammar=answer))
+        assert gen.finish_reason == "stop" and gen.text.endswith("</answer>") and "<" not in gen.text[:-9]
+    finally:
+        await client.close()
+
+
+async def test_sglang_runs_the_same_trajectory_as_the_embedded_engine(sglang_url: str, tiny_model_dir: Path,
+                                                                      embedded: TorchEngine,
+                                                                      tmp_path: Path) -> None:
+    """A greedy agent run (tau 0, greedy actions) through SGLang equals the same run in process:
+    same rationales, same actions, same observations, the same final context token for token."""
+    from ssr_server.agent.loop import Agent, RunOptions
+    from ssr_server.tools.registry import demo_registry
+
+    tools = demo_registry(tmp_path / "world")
+    client = SGLangEngine(sglang_url, model=str(tiny_model_dir))
+    image = ImageRef.from_pil(demo_picture(demo_entities()[0].id))
+    try:
+        for library in ("default", "binary-2"):
+            options = RunOptions(library=library, tau=0.0, max_turns=3)
+            runs = []
+            for engine in (embedded, client):
+                agent = Agent(engine, tools, LibraryRegistry())
+                runs.append(await agent.run_with_context("What is this landmark and how tall is it?",
+                                                         [image], options))
+            (a, ctx_a), (b, ctx_b) = runs
+            assert [(t.candidate_id, t.action_text, t.observation) for t in a.turns] == \
+                [(t.candidate_id, t.action_text, t.observation) for t in b.turns]
+            for ta, tb in zip(a.turns, b.turns, strict=True):
+                np.testing.assert_allclose(ta.scores, tb.scores, atol=1e-4)
+            assert ctx_a.token_ids == ctx_b.token_ids and a.outcome == b.outcome
+    finally:
+        await client.close()
+        await tools.aclose()

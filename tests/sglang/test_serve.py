@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from ssr_server.demo.world import entities, render_image
+from ssr_server.world import demo_entities, demo_picture
 
 pytestmark = pytest.mark.sglang
 
 
 def _image_b64() -> str:
     buf = io.BytesIO()
-    render_image(entities()[0].id).save(buf, format="PNG")
+    demo_picture(demo_entities()[0].id).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
 

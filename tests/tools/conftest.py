@@ -1,4 +1,5 @@
-"""Fixtures for the tool tests: the demo world on disk, and a real local HTTP server.
+"""Fixtures for the tool tests: the demo world (the benchmark world's preset) on disk, and a real local
+HTTP server.
 
 The server is uvicorn serving a small FastAPI app on 127.0.0.1 in a background thread. It speaks
 SearxNG's JSON API (answering from the demo corpus) and the image search contract (answering from the
@@ -23,23 +24,24 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from PIL import Image
 
-from ssr_server.demo import DemoAssets, build_demo_assets, corpus_documents
 from ssr_server.tools.image_search import LocalImageIndex
 from ssr_server.tools.text_search import tokenize
+from ssr_server.world import DemoWorld, demo_documents, demo_world
 
 SLOW_S = 1.5
 
 
 @pytest.fixture(scope="session")
-def demo_assets(tmp_path_factory: pytest.TempPathFactory) -> DemoAssets:
-    return build_demo_assets(tmp_path_factory.mktemp("demo"))
+def demo_assets(tmp_path_factory: pytest.TempPathFactory) -> DemoWorld:
+    """The demo preset of the benchmark world, on disk."""
+    return demo_world(tmp_path_factory.mktemp("demo"))
 
 
 def _searx_results(query: str) -> list[dict[str, object]]:
     """Rank demo documents by shared words, shaped like SearxNG's ``results`` entries."""
     q = set(tokenize(query))
     scored = []
-    for doc in corpus_documents():
+    for doc in demo_documents():
         overlap = len(q & set(tokenize(f"{doc['title']} {doc['text']}")))
         if overlap:
             scored.append((overlap, doc))
@@ -74,8 +76,11 @@ def make_app(index: LocalImageIndex) -> FastAPI:
             raise HTTPException(status_code=422, detail="image missing")
         img = Image.open(io.BytesIO(base64.b64decode(body["image"]))).convert("RGB")
         k = int(body.get("k", 3))
+        thumb = io.BytesIO()
+        img.resize((32, 24)).save(thumb, format="PNG")  # the query itself, small: a real thumbnail
         hits = [
-            {"title": h.title, "description": h.description, "url": h.url, "score": round(1 - d, 4)}
+            {"title": h.title, "description": h.description, "url": h.url, "score": round(1 - d, 4),
+             "thumbnail": base64.b64encode(thumb.getvalue()).decode()}
             for d, h in index.distances(img)[:k] if d <= index.max_distance
         ]
         return JSONResponse({"results": hits})
@@ -100,7 +105,8 @@ def make_app(index: LocalImageIndex) -> FastAPI:
     async def mixed() -> Response:
         return JSONResponse({"results": [
             "junk", {"url": "https://no-title.invalid"},
-            {"title": "Kept", "content": None, "url": 7, "description": 5, "score": "high"},
+            {"title": "Kept", "content": None, "url": 7, "description": 5, "score": "high",
+             "thumbnail": "bm90IGFuIGltYWdl"},  # base64 of "not an image": the hit stays, the thumbnail goes
         ]})
 
     @app.api_route("/slow/search", methods=["GET", "POST"])
@@ -118,7 +124,7 @@ def make_app(index: LocalImageIndex) -> FastAPI:
 
 
 @pytest.fixture(scope="session")
-def _app(demo_assets: DemoAssets) -> FastAPI:
+def _app(demo_assets: DemoWorld) -> FastAPI:
     return make_app(LocalImageIndex(demo_assets.image_dir))
 
 

@@ -8,17 +8,17 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
-from ssr_server.demo import DemoAssets, entities, render_image
 from ssr_server.engine.base import ImageRef
 from ssr_server.errors import ToolError
 from ssr_server.tools.base import ToolCall, ToolContext
 from ssr_server.tools.image_search import HTTPImageSearchBackend, ImageHit, ImageSearchTool, LocalImageIndex
+from ssr_server.world import DemoWorld, demo_entities, demo_picture
 
-ALL_IDS = [e.id for e in entities()]
+ALL_IDS = [e.id for e in demo_entities()]
 
 
 @pytest.fixture(scope="module")
-def index(demo_assets: DemoAssets) -> LocalImageIndex:
+def index(demo_assets: DemoWorld) -> LocalImageIndex:
     return LocalImageIndex(demo_assets.image_dir)
 
 
@@ -38,8 +38,8 @@ def _ref(img: Image.Image) -> ImageRef:
 
 async def test_every_entity_finds_itself(index: LocalImageIndex) -> None:
     assert len(index) == len(ALL_IDS)
-    for e in entities():
-        hits = await index.search(_ref(render_image(e.id)), 3)
+    for e in demo_entities():
+        hits = await index.search(_ref(demo_picture(e.id)), 3)
         assert hits[0].title == e.title, e.id
         assert hits[0].score == 1.0 and hits[0].url == e.url
         assert len(hits) == 1, (e.id, hits)  # no look-alike (e.g. another framed painting) passes the cut
@@ -52,8 +52,8 @@ async def test_every_entity_finds_itself(index: LocalImageIndex) -> None:
 async def test_perturbed_copies_still_match(
     index: LocalImageIndex, size: tuple[int, int], quality: int, brightness: float
 ) -> None:
-    for e in entities():
-        hits = await index.search(_ref(_jpeg(render_image(e.id), size, quality, brightness)), 1)
+    for e in demo_entities():
+        hits = await index.search(_ref(_jpeg(demo_picture(e.id), size, quality, brightness)), 1)
         assert [h.title for h in hits] == [e.title], e.id
         assert hits[0].score >= 1 - index.max_distance
 
@@ -66,21 +66,25 @@ async def test_unrelated_images_find_nothing(index: LocalImageIndex) -> None:
         assert await index.search(_ref(img), 3) == []
     tool = ImageSearchTool(index)
     obs = await tool(ToolCall("image_search"), ToolContext(images=(_ref(noise),)))
-    assert obs.ok and obs.text == "No visually similar images found for image 1."
+    assert obs.ok and obs.hits == () and obs.images == ()
 
 
 async def test_tool_lists_hits_for_the_chosen_image(index: LocalImageIndex) -> None:
-    ctx = ToolContext(images=(_ref(render_image("axolotl")), _ref(render_image("concorde"))))
+    ctx = ToolContext(images=(_ref(demo_picture("k-axolotl")), _ref(demo_picture("k-shinkansen"))))
     tool = ImageSearchTool(index, k=2)
     first = await tool(ToolCall("image_search", image_index=0), ctx)
-    assert first.text.startswith("Visually similar images for image 1:\n[1] Axolotl: A pink salamander")
-    assert "[similarity 1.00]" in first.text and first.data["image"] == 1
-    latest = await tool(ToolCall("image_search"), ctx)
-    assert "[1] Concorde:" in latest.text and "image 2" in latest.text
+    assert first.hits[0].title == "axolotl" and first.hits[0].text
+    assert first.hits[0].score == 1.0 and first.data["image"] == 0
+    # every hit of the local index comes with its indexed picture as a thumbnail, in hit order
+    assert first.images == tuple(h.thumbnail for h in first.hits) and all(first.images)
+    assert first.images[0].image.size == demo_picture("k-axolotl").size
+    second = await tool(ToolCall("image_search", image_index=1), ctx)
+    assert second.hits[0].title == "Shinkansen" and second.data["image"] == 1
     with pytest.raises(ToolError, match="no image"):
         await tool(ToolCall("image_search"), ToolContext(images=()))
     with pytest.raises(ToolError, match="does not exist"):
         await tool(ToolCall("image_search", image_index=5), ctx)
+    assert (await tool(ToolCall("image_search", image_index=-1), ctx)).hits[0].title == "Shinkansen"
 
 
 def test_index_load_errors(tmp_path: Path) -> None:
@@ -100,18 +104,19 @@ def test_index_load_errors(tmp_path: Path) -> None:
 async def test_http_backend_round_trip(live_server: str) -> None:
     backend = HTTPImageSearchBackend(f"{live_server}/images", headers={"X-Test": "1"})
     try:
-        hits = await backend.search(_ref(_jpeg(render_image("big-ben"), (320, 228), 70)), 2)
+        hits = await backend.search(_ref(_jpeg(demo_picture("k-tower-bridge"), (320, 228), 70)), 2)
         tool = ImageSearchTool(backend)
-        obs = await tool(ToolCall("image_search"), ToolContext(images=(_ref(render_image("koala")),)))
+        obs = await tool(ToolCall("image_search"), ToolContext(images=(_ref(demo_picture("k-koala")),)))
     finally:
         await backend.aclose()
-    assert hits[0].title == "Big Ben" and 0.8 < hits[0].score <= 1.0
-    assert "[1] Koala:" in obs.text
+    assert hits[0].title == "Tower Bridge" and 0.8 < hits[0].score <= 1.0
+    assert hits[0].thumbnail is not None and hits[0].thumbnail.image.size == (32, 24)
+    assert obs.hits[0].title == "koala" and obs.images == tuple(h.thumbnail for h in obs.hits)
 
 
 async def test_http_backend_tolerates_malformed_entries(live_server: str) -> None:
-    hits = await HTTPImageSearchBackend(f"{live_server}/mixed").search(_ref(render_image("koala")), 5)
-    assert hits == [ImageHit("Kept", "", "", 0.0)]
+    hits = await HTTPImageSearchBackend(f"{live_server}/mixed").search(_ref(demo_picture("k-koala")), 5)
+    assert hits == [ImageHit("Kept", "", "", 0.0, None)]
 
 
 @pytest.mark.parametrize(
@@ -126,10 +131,10 @@ async def test_http_backend_tolerates_malformed_entries(live_server: str) -> Non
 async def test_http_backend_errors(live_server: str, prefix: str, message: str) -> None:
     backend = HTTPImageSearchBackend(f"{live_server}/{prefix}", timeout_s=0.2)
     with pytest.raises(ToolError, match=message):
-        await backend.search(_ref(render_image("koala")), 3)
+        await backend.search(_ref(demo_picture("k-koala")), 3)
     await backend.aclose()
 
 
 async def test_http_backend_unreachable(free_port_url: str) -> None:
     with pytest.raises(ToolError, match="unreachable"):
-        await HTTPImageSearchBackend(free_port_url).search(_ref(render_image("koala")), 3)
+        await HTTPImageSearchBackend(free_port_url).search(_ref(demo_picture("k-koala")), 3)

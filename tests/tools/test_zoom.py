@@ -7,11 +7,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from ssr_server.demo import render_image
 from ssr_server.engine.base import ImageRef
 from ssr_server.errors import ToolError
 from ssr_server.tools.base import ToolCall, ToolContext
 from ssr_server.tools.zoom import ZoomTool, output_size, pixel_box, validate_box
+from ssr_server.world import demo_picture
 
 
 def _ctx(*images: Image.Image) -> ToolContext:
@@ -26,24 +26,24 @@ def _split_image() -> Image.Image:
 
 
 async def test_zoom_quarter_upscales_short_side_and_numbers_the_crop() -> None:
-    ctx = _ctx(render_image("eiffel-tower"), render_image("koala"))
+    ctx = _ctx(demo_picture("k-eiffel-tower"), demo_picture("k-koala"))
     obs = await ZoomTool()(ToolCall("zoom", box=(0, 0, 500, 500), image_index=0), ctx)
     assert obs.ok
     (crop,) = obs.images
     assert crop.image.size == (314, 224)  # 112x80 crop, scaled by 224/80
-    assert obs.text == "Zoomed into [0, 0, 500, 500] of image 1; the crop is attached as image 3."
-    assert obs.data["size"] == [314, 224] and obs.data["source_image"] == 1
+    # registry indices are 0-based: image 0 was cropped, the crop becomes image 2
+    assert obs.data["size"] == [314, 224] and obs.data["source_image"] == 0 and obs.data["image"] == 2
     assert crop.digest != ctx.images[0].digest
 
 
-async def test_zoom_defaults_to_latest_image_and_keeps_content() -> None:
-    ctx = _ctx(render_image("koala"), _split_image())
-    obs = await ZoomTool()(ToolCall("zoom", box=(550, 100, 950, 900)), ctx)
-    assert "of image 2" in obs.text
+async def test_zoom_crops_the_chosen_image_and_keeps_content() -> None:
+    ctx = _ctx(demo_picture("k-koala"), _split_image())
+    obs = await ZoomTool()(ToolCall("zoom", box=(550, 100, 950, 900), image_index=1), ctx)
+    assert obs.data["source_image"] == 1
     crop = obs.images[0].image
     r, _, b = crop.getpixel((crop.width // 2, crop.height // 2))  # type: ignore[misc]
     assert b > 200 and r < 50
-    left = await ZoomTool()(ToolCall("zoom", box=(50, 100, 450, 900)), ctx)
+    left = await ZoomTool()(ToolCall("zoom", box=(50, 100, 450, 900), image_index=-1), ctx)
     assert left.images[0].image.getpixel((5, 5))[0] > 200  # type: ignore[index]
 
 
@@ -51,7 +51,7 @@ async def test_zoom_caps_long_side_and_downscales_big_images() -> None:
     big = Image.new("RGB", (2000, 1000), (10, 200, 10))
     obs = await ZoomTool()(ToolCall("zoom", box=(0, 0, 1000, 1000)), _ctx(big))
     assert obs.images[0].image.size == (1024, 512)
-    thin = await ZoomTool()(ToolCall("zoom", box=(0, 0, 1000, 100)), _ctx(render_image("koala")))
+    thin = await ZoomTool()(ToolCall("zoom", box=(0, 0, 1000, 100)), _ctx(demo_picture("k-koala")))
     w, h = thin.images[0].image.size
     assert w == 1024 and h == 73  # 224x16 crop: the long-side cap wins over the short-side target
 
@@ -72,14 +72,14 @@ async def test_zoom_caps_long_side_and_downscales_big_images() -> None:
 )
 async def test_bad_boxes_raise_tool_errors(box: Any, message: str) -> None:
     with pytest.raises(ToolError, match=message):
-        await ZoomTool()(ToolCall("zoom", box=box), _ctx(render_image("koala")))
+        await ZoomTool()(ToolCall("zoom", box=box), _ctx(demo_picture("k-koala")))
 
 
 async def test_zoom_without_images_or_with_bad_index_fails() -> None:
     with pytest.raises(ToolError, match="no image"):
         await ZoomTool()(ToolCall("zoom", box=(0, 0, 500, 500)), ToolContext(images=()))
-    with pytest.raises(ToolError, match="image 3 does not exist"):
-        await ZoomTool()(ToolCall("zoom", box=(0, 0, 500, 500), image_index=2), _ctx(render_image("koala")))
+    with pytest.raises(ToolError, match="image index 2 does not exist; indices 0 to 0"):
+        await ZoomTool()(ToolCall("zoom", box=(0, 0, 500, 500), image_index=2), _ctx(demo_picture("k-koala")))
 
 
 def test_validate_box_rounds_floats() -> None:
@@ -115,7 +115,7 @@ async def test_any_valid_box_gives_bounded_crop(x1: int, y1: int, dw: int, dh: i
     box = (x1, y1, min(1000, x1 + dw), min(1000, y1 + dh))
     if box[2] - box[0] < 20 or box[3] - box[1] < 20:
         return
-    obs = await ZoomTool()(ToolCall("zoom", box=box), _ctx(render_image("great-wave")))
+    obs = await ZoomTool()(ToolCall("zoom", box=box), _ctx(demo_picture("k-great-wave-off-kanagawa")))
     w, h = obs.images[0].image.size
     assert max(w, h) <= 1024 and min(w, h) >= 1
     assert max(w, h) == 1024 or min(w, h) >= 224

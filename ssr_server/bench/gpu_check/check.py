@@ -31,9 +31,18 @@ from ssr_server.bench.gpu_check.common import (
 )
 from ssr_server.bench.gpu_check.measure import Measurement, measure, summarize
 from ssr_server.bench.gpu_check.server import _free_port, check_sglang, server_command, sglang_server
-from ssr_server.bench.gpu_check.shapes import SHAPES, Shape, count_parameters, get_shape, qwen3vl_config
+from ssr_server.bench.gpu_check.shapes import (
+    REHEARSAL_SHAPES,
+    SHAPES,
+    Shape,
+    count_parameters,
+    get_shape,
+    qwen3vl_config,
+)
 
 # ---------------------------------------------------------------------------------------------- the check
+
+REHEARSAL_TURNS = 4  # enough to cross the prefix cache and every path; seconds on a CPU
 
 
 def _versions(sglang_version: str | None) -> dict[str, str]:
@@ -84,7 +93,7 @@ def plan(shapes: Sequence[str | Shape], engine: str, turns: int, warmup: int, fr
                                  extra_args=extra_args)
             step["server"] = " ".join(cmd)
         else:
-            step["engine"] = f"TorchEngine({model_dir!r}, device='cuda', dtype='bf16')"
+            step["engine"] = f"TorchEngine({model_dir!r}, EngineConfig(device='cuda', dtype='bf16'))"
         steps.append(step)
     return steps
 
@@ -181,6 +190,14 @@ def run_gpu_check(shapes: Sequence[str | Shape] = ("2b", "4b"), engine: str = "s
                      mem_fraction=mem_fraction, extra_args=sglang_args)
         log(format_plan(steps, engine))
         result: dict[str, Any] = {"dry_run": True, "engine": engine, "plan": steps}
+        if engine == "torch":  # rehearse the whole check on the CPU with tiny stand-ins of the shapes
+            log("rehearsal on the CPU (fp32) with tiny stand-ins of the shapes; the figures mean nothing")
+            tiny = [REHEARSAL_SHAPES.get(sh.name, sh) for sh in shape_list]
+            result["rehearsal"] = run_gpu_check(
+                tiny, "torch", min(turns, REHEARSAL_TURNS), json_path=None, warmup=min(warmup, 1),
+                freeform_tokens=freeform_tokens, work_dir=os.path.join(root, "rehearsal"),
+                keep_models=keep_models, seed=seed, require_cuda=False, device="cpu", dtype="fp32", log=log)
+            result["ok"] = result["rehearsal"]["ok"]
         _write_json(json_path, result)
         return result
 
@@ -194,6 +211,7 @@ def run_gpu_check(shapes: Sequence[str | Shape] = ("2b", "4b"), engine: str = "s
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     Path(root).mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     result = {
         "dry_run": False, "engine": engine, "turns": turns, "warmup": warmup,
         "freeform_tokens": freeform_tokens, "dtype": _dtype_name(dtype),
@@ -212,7 +230,8 @@ def run_gpu_check(shapes: Sequence[str | Shape] = ("2b", "4b"), engine: str = "s
             log(f"[{sh.name}] FAILED: {message}")
             result["shapes"][sh.name] = {"reference": sh.reference, "error": message}
         _write_json(json_path, result)
-    result["ok"] = all("error" not in r for r in result["shapes"].values())
+    result["ok"] = all("error" not in r and r.get("checks_ok", True) for r in result["shapes"].values())
+    result["elapsed_s"] = round(time.perf_counter() - started, 1)
     _write_json(json_path, result)
     log("")
     log(format_table(result))
@@ -235,11 +254,19 @@ def _check_shape(sh: Shape, root: Path, engine: str, port: int | None, turns: in
             m = _measure_sglang(model_dir, sh, port, turns, warmup, freeform_tokens, python, mem_fraction,
                                 extra_args, env, timeout_s, log)
         else:
-            m = _measure_torch(model_dir, turns, warmup, freeform_tokens, device, dtype, log)
+            m, checks = _measure_torch(model_dir, turns, warmup, freeform_tokens, device, dtype, log)
     finally:
         if not keep_models:
             shutil.rmtree(model_dir, ignore_errors=True)
     summary = summarize(m)
+    if engine == "torch":
+        summary["checks"] = checks
+        summary["checks_ok"] = bool(checks["packed_vs_naive_ok"] and checks["greedy_equal"])
+        ok = "ok" if checks["packed_vs_naive_ok"] else "FAIL"
+        log(f"[{sh.name}] packed vs naive: max |diff| {checks['packed_vs_naive_max_abs_diff']:.2e} "
+            f"(<= {checks['packed_vs_naive_tolerance']:g}: {ok}); greedy vs transformers' generate: "
+            f"{'equal' if checks['greedy_equal'] else 'DIFFERENT'} "
+            f"({checks['greedy_common_prefix']} of {checks['greedy_tokens']} tokens in common)")
     log(f"[{sh.name}] ssr {summary['ssr']['mean_ms']:.1f} ms (p95 {summary['ssr']['p95_ms']:.1f}), "
         f"freeform {summary['freeform']['mean_ms']:.1f} ms (p95 {summary['freeform']['p95_ms']:.1f}), "
         f"reduction {summary['reduction_pct']:.1f}%, scoring = "
@@ -269,13 +296,18 @@ def _measure_sglang(model_dir: Path, sh: Shape, port: int | None, turns: int, wa
 
 
 def _measure_torch(model_dir: Path, turns: int, warmup: int, freeform_tokens: int, device: str, dtype: str,
-                   log: Callable[[str], None]) -> Measurement:
+                   log: Callable[[str], None]) -> tuple[Measurement, dict[str, Any]]:
+    from ssr_server.bench.gpu_check.torch_checks import run_checks
+    from ssr_server.engine.torch.config import EngineConfig
     from ssr_server.engine.torch.engine import TorchEngine
 
-    async def go() -> Measurement:
-        eng = TorchEngine(str(model_dir), dtype=dtype, device=device, cache_bytes=TORCH_CACHE_BYTES)
+    async def go() -> tuple[Measurement, dict[str, Any]]:
+        config = EngineConfig(device=device, dtype=dtype, prefix_cache_bytes=TORCH_CACHE_BYTES)
+        eng = TorchEngine(str(model_dir), config)
         try:
-            return await measure(eng, turns=turns, warmup=warmup, freeform_tokens=freeform_tokens, log=log)
+            m = await measure(eng, turns=turns, warmup=warmup, freeform_tokens=freeform_tokens, log=log)
+            checks = await run_checks(eng, m.last_context, m.candidates, _dtype_name(dtype))
+            return m, checks
         finally:
             await eng.close()
 

@@ -28,7 +28,8 @@ _EXPECTED_IDS = {"<|endoftext|>": BOS_ID, "<|im_end|>": EOS_ID, "<|vision_start|
                  "<|video_pad|>": VIDEO_TOKEN_ID}
 
 # Entities of the demo world whose pictures the three contexts carry (same size, different pixels).
-SSR_ENTITY, FREEFORM_ENTITY, WARMUP_ENTITY = "eiffel-tower", "golden-gate-bridge", "great-pyramid"
+SSR_ENTITY, FREEFORM_ENTITY, WARMUP_ENTITY = ("k-eiffel-tower", "k-golden-gate-bridge",
+                                              "k-great-pyramid-of-giza")
 QUESTION = "How tall is the structure in this image, in metres?"
 ENGINES = ("sglang", "torch")
 

@@ -43,6 +43,8 @@ class TurnRecord:
 class Measurement:
     turns: list[TurnRecord] = field(default_factory=list)
     candidate_tokens: list[int] = field(default_factory=list)
+    last_context: Any = None  # the last SSR turn's context (cached by the engine): for correctness checks
+    candidates: list[list[int]] = field(default_factory=list)
     freeform_tokens: int = FREEFORM_TOKENS
     image_size: tuple[int, int] = IMAGE_SIZE
     warmup: int = DEFAULT_WARMUP
@@ -51,9 +53,9 @@ class Measurement:
 def _observation_text(turn: int, k: int = 5) -> tuple[str, str]:
     """A text_search query and its results as TextSearchTool shows them (numbered hits from the demo
     corpus; written out here so that the check does not need the search backend's dependencies)."""
-    from ssr_server.demo.world import corpus_documents
+    from ssr_server.world import demo_documents
 
-    docs = corpus_documents()
+    docs = demo_documents()
     hits = [docs[(turn * k + i) % len(docs)] for i in range(k)]
     query = f"{hits[0]['title']} height"
     lines = [f"\n[{i}] {h['title']}: {h['text']} ({h['url']})" for i, h in enumerate(hits, start=1)]
@@ -64,23 +66,26 @@ async def measure(engine: Any, *, turns: int = DEFAULT_TURNS, warmup: int = DEFA
                   freeform_tokens: int = FREEFORM_TOKENS, image_size: tuple[int, int] = IMAGE_SIZE,
                   log: Callable[[str], None] | None = None) -> Measurement:
     """Run ``warmup`` untimed and ``turns`` timed turns of SSR and freeform reasoning on ``engine``."""
-    from ssr_server.agent.prompt import THINK_CLOSE, PromptBuilder
-    from ssr_server.demo.world import render_image
+    from ssr_server.agent.chat import ChatRenderer
     from ssr_server.engine.base import Context, GenerationParams, ImageRef
+    from ssr_server.formats.format import get_format
     from ssr_server.library import LibraryRegistry
     from ssr_server.selection import select
+    from ssr_server.world import demo_picture
 
-    builder = PromptBuilder(engine.tokenizer)
-    cands = [list(c) for c in LibraryRegistry().get("default").candidate_token_ids(engine.tokenizer)]
+    fmt = get_format()
+    chat = ChatRenderer(engine.tokenizer, fmt)
+    library = LibraryRegistry().get("default")
+    cands = [list(c) for c in library.candidate_token_ids(engine.tokenizer, fmt.candidate_surfaces(library))]
     params = GenerationParams(max_new_tokens=freeform_tokens, temperature=0.0, ignore_eos=True)
 
     def start(entity: str) -> Context:
-        return builder.start(QUESTION, [ImageRef.from_pil(render_image(entity, image_size))])
+        return chat.start(QUESTION, [ImageRef.from_pil(demo_picture(entity).resize(image_size))], library)
 
     def grow(ctx: Context, turn: int, selected: int) -> Context:
         query, text = _observation_text(turn)
-        action = builder.encode(f"{THINK_CLOSE}<text_search>{query}</text_search>")
-        return ctx.extend(list(cands[selected]) + list(action) + list(builder.observation(text, (), 1)))
+        action = chat.encode(fmt.tool_call_text("text_search", {"query": query}))
+        return ctx.extend(list(cands[selected]) + list(action) + list(chat.observation(text, (), 1)))
 
     async def ssr(ctx: Context) -> tuple[float, int, Any]:
         t0 = time.perf_counter()
@@ -126,8 +131,10 @@ async def measure(engine: Any, *, turns: int = DEFAULT_TURNS, warmup: int = DEFA
         if log:
             log(f"  turn {t:>2}: context {rec.context_tokens:>5} tokens  ssr {ssr_ms:8.1f} ms  "
                 f"freeform {free_ms:8.1f} ms")
+        result.last_context = ctx_ssr
         # Both contexts grow by the same tokens (SSR's selection), so their lengths stay equal.
         ctx_ssr, ctx_free = grow(ctx_ssr, t, selected), grow(ctx_free, t, selected)
+    result.candidates = cands
     return result
 
 

@@ -109,6 +109,20 @@ SHAPES: dict[str, Shape] = {
 }
 
 
+# Tiny stand-ins of the two shapes for ``--dry-run``: the same code path on the CPU in seconds (real Qwen
+# vocabulary, same image size, same contexts), only the widths and depths shrunk.
+REHEARSAL_SHAPES: dict[str, Shape] = {
+    "2b": Shape(name="2b", reference="tiny stand-in of Qwen3-VL-2B", hidden_size=64, intermediate_size=128,
+                num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                mrope_section=(6, 5, 5), vision_depth=1, vision_hidden_size=32, vision_intermediate_size=64,
+                vision_heads=1, deepstack_visual_indexes=(0,)),
+    "4b": Shape(name="4b", reference="tiny stand-in of Qwen3-VL-4B", hidden_size=64, intermediate_size=192,
+                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                mrope_section=(4, 2, 2), vision_depth=2, vision_hidden_size=32, vision_intermediate_size=64,
+                vision_heads=2, deepstack_visual_indexes=(0, 1)),
+}
+
+
 def get_shape(shape: str | Shape) -> Shape:
     if isinstance(shape, Shape):
         return shape

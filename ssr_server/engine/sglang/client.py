@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from ssr_server.engine.base import CandidateScore, Context, FinishReason, Generation, GenerationParams
+from ssr_server.engine.sglang.twostep import TwoStepError, score_two_step
 from ssr_server.engine.stop import find_stop
 from ssr_server.errors import EngineError, EngineUnavailable, InvalidRequest
 
@@ -50,6 +50,7 @@ class SGLangEngine:
         self._tokenizer = AutoTokenizer.from_pretrained(model)
         config = AutoConfig.from_pretrained(model)
         self.image_token_id: int | None = getattr(config, "image_token_id", None)
+        self._eos_ids = _eos_ids(self._tokenizer, config)
         self._client = client or httpx.AsyncClient(
             base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0), trust_env=False,
             limits=httpx.Limits(max_connections=128, max_keepalive_connections=64))
@@ -140,36 +141,16 @@ class SGLangEngine:
                 for s in body["scores"]]
 
     async def _score_two_step(self, ctx: Context, cands: list[list[int]]) -> list[CandidateScore]:
-        ids = list(ctx.token_ids)
-        images = self._images(ctx)
-        first: dict[str, Any] = {"input_ids": ids, "sampling_params": {"max_new_tokens": 0}}
-        if images:
-            first["image_data"] = images
-        head = await self._post("/generate", first)
-        self.calls["generate"] += 1
-        p = int(head["meta_info"]["prompt_tokens"])  # expanded length
-        batch: dict[str, Any] = {
-            "input_ids": [ids + c for c in cands], "sampling_params": {"max_new_tokens": 0},
-            "return_logprob": True, "logprob_start_len": p - 1,
-        }
-        if images:
-            batch["image_data"] = [images for _ in cands]
-        rows = await self._post("/generate", batch)
-        self.calls["generate"] += 1
-        if not isinstance(rows, list) or len(rows) != len(cands):
-            raise EngineError("SGLang's batched answer does not hold one row per candidate")
-        out = []
-        for cand, row in zip(cands, rows, strict=True):
-            meta = row["meta_info"]
-            entries = meta["input_token_logprobs"][1:]  # the first is the last context token
-            got = [int(e[1]) for e in entries]
-            if got != cand:
-                raise EngineError("SGLang returned log-probabilities for other tokens than the candidate's")
-            lps = tuple(float(e[0]) for e in entries)
-            if not all(math.isfinite(x) for x in lps):
-                raise EngineError("SGLang returned a non-finite log-probability")
-            out.append(CandidateScore(lps, cached_tokens=int(meta.get("cached_tokens", 0)), context_tokens=p))
-        return out
+        async def generate(payload: dict[str, Any]) -> Any:
+            self.calls["generate"] += 1
+            return await self._post("/generate", payload)
+
+        try:
+            res = await score_two_step(generate, ctx.token_ids, self._images(ctx), cands)
+        except TwoStepError as exc:
+            raise EngineError(f"SGLang's scoring answer failed a check: {exc.message}") from None
+        return [CandidateScore(tuple(lps), cached_tokens=c, context_tokens=res.context_tokens)
+                for lps, c in zip(res.token_logprobs, res.cached_tokens, strict=True)]
 
     async def generate(self, context: Context, params: GenerationParams) -> Generation:
         if params.max_new_tokens < 1:
@@ -181,6 +162,10 @@ class SGLangEngine:
         }
         if params.stop:
             sampling["stop"] = list(params.stop)
+        if params.grammar is not None:  # json_schema | ebnf | regex: SGLang's own sampling parameters
+            sampling[params.grammar.kind] = params.grammar.source
+        if params.seed is not None:
+            sampling["sampling_seed"] = params.seed
         rid = uuid.uuid4().hex
         payload: dict[str, Any] = {"input_ids": list(context.token_ids), "sampling_params": sampling,
                                    "rid": rid}
@@ -203,6 +188,13 @@ class SGLangEngine:
                 reason = "eos"
         if params.stop and (hit := find_stop(text, params.stop)) is not None:
             reason, stop_text, text = "stop", hit[1], text[: hit[0]]
+        if params.grammar is not None and reason in ("eos", "stop") and stop_text is None:
+            # SGLang ends a finished grammar with the end-of-sequence token: the text is complete
+            # (our contract: finish "stop", the end token not returned)
+            if ids and ids[-1] in self._eos_ids:
+                ids = ids[:-1]
+            text = str(self._tokenizer.decode(list(ids), skip_special_tokens=False))
+            reason = "stop"
         return Generation(
             token_ids=ids, text=text, finish_reason=reason, prompt_tokens=int(meta.get("prompt_tokens", 0)),
             cached_tokens=int(meta.get("cached_tokens", 0)), elapsed_s=time.perf_counter() - t0,
@@ -247,6 +239,16 @@ class SGLangEngine:
         for task in list(self._aborts):
             await asyncio.wait({task}, timeout=2.0)
         await self._client.aclose()
+
+
+def _eos_ids(tokenizer: Any, config: Any) -> frozenset[int]:
+    found = (tokenizer.eos_token_id, getattr(config, "eos_token_id", None))
+    ids = {int(t) for t in found if isinstance(t, int)}
+    for tok in ("<|im_end|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(tok)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id:
+            ids.add(tid)
+    return frozenset(ids)
 
 
 def _error_message(resp: httpx.Response) -> str:

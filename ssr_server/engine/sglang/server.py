@@ -57,8 +57,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ssr_server.engine.sglang.twostep import TwoStepError, score_two_step
+from ssr_server.limits import MAX_CANDIDATES
+
 ROUTE = "/ssr/score"
-MAX_CANDIDATES = 256
 
 
 class ScoreError(Exception):
@@ -156,32 +158,6 @@ def _check_image(data: str, index: int) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def check_row(entries: Sequence[Sequence[Any]], candidate: Sequence[int], row: int) -> list[float]:
-    """From one row's ``input_token_logprobs`` (starting at the last context token), the candidate's
-    log-probabilities; raises ``ScoreError(500)`` if SGLang answered for other tokens or non-finite values."""
-    if len(entries) != len(candidate) + 1:
-        raise ScoreError(
-            500,
-            f"row {row}: SGLang returned {len(entries)} prompt logprobs, expected {len(candidate) + 1} "
-            "(last context token + candidate)",
-            "engine_error",
-        )
-    got = [int(e[1]) for e in entries[1:]]
-    if got != list(candidate):
-        raise ScoreError(500, f"row {row}: token ids {got} != candidate {list(candidate)}", "engine_error")
-    out: list[float] = []
-    for j, e in enumerate(entries[1:]):
-        v = e[0]
-        if v is None or not math.isfinite(float(v)):
-            raise ScoreError(500, f"row {row}: logprob of token {j} is {v!r}", "engine_error")
-        out.append(float(v))
-    return out
-
-
-def _outputs(result: Any) -> list[dict[str, Any]]:
-    return result if isinstance(result, list) else [result]
-
-
 async def score(body: Any, request: Any) -> dict[str, Any]:
     """The route's work, on SGLang's tokenizer manager (runs in SGLang's event loop)."""
     from sglang.srt.entrypoints.http_server import get_global_state
@@ -201,69 +177,24 @@ async def score(body: Any, request: Any) -> dict[str, Any]:
     )
     t1 = time.perf_counter()
 
-    async def run(obj: Any) -> Any:
+    async def generate(payload: dict[str, Any]) -> Any:
         try:
-            return await tm.generate_request(obj, request).__anext__()
+            return await tm.generate_request(GenerateReqInput(**payload), request).__anext__()
         except ValueError as e:  # SGLang's own validation (lengths, images, ...)
             raise ScoreError(getattr(e, "status_code", 422) or 422, f"SGLang refused: {e}") from None
 
-    # 1. The context alone: the radix cache then holds it, and we learn its expanded length.
-    images = req.image_data or None
-    ctx_out = _outputs(
-        await run(
-            GenerateReqInput(
-                input_ids=req.input_ids,
-                image_data=images,
-                sampling_params={"max_new_tokens": 0},
-            )
-        )
-    )[0]
-    meta = ctx_out.get("meta_info", {})
-    prompt_tokens = int(meta["prompt_tokens"])
-    ctx_cached = int(meta.get("cached_tokens", 0))
-    t2 = time.perf_counter()
-
-    # 2. K rows context + candidate in one batch, logprobs from the last context token on.
-    k = len(req.candidates)
-    rows = [req.input_ids + c for c in req.candidates]
-    outs = _outputs(
-        await run(
-            GenerateReqInput(
-                input_ids=rows,
-                image_data=[list(req.image_data) for _ in range(k)] if images else None,
-                sampling_params={"max_new_tokens": 0},
-                return_logprob=True,
-                logprob_start_len=prompt_tokens - 1,
-            )
-        )
-    )
-    t3 = time.perf_counter()
-    if len(outs) != k:
-        raise ScoreError(500, f"SGLang returned {len(outs)} rows for {k} candidates", "engine_error")
-
-    scores = []
-    for i, (out, cand) in enumerate(zip(outs, req.candidates, strict=True)):
-        m = out.get("meta_info", {})
-        lps = check_row(m.get("input_token_logprobs") or [], cand, i)
-        scores.append(
-            {
-                "token_logprobs": lps,
-                "logprob_sum": math.fsum(lps),
-                "num_tokens": len(lps),
-                "cached_tokens": int(m.get("cached_tokens", 0)),
-            }
-        )
+    try:
+        res = await score_two_step(generate, req.input_ids, req.image_data, req.candidates)
+    except TwoStepError as e:
+        raise ScoreError(500, e.message, "engine_error") from None
+    scores = [{"token_logprobs": lps, "logprob_sum": math.fsum(lps), "num_tokens": len(lps),
+               "cached_tokens": c} for lps, c in zip(res.token_logprobs, res.cached_tokens, strict=True)]
     return {
         "scores": scores,
-        "context_tokens": prompt_tokens,
+        "context_tokens": res.context_tokens,
         "compact_context_tokens": len(req.input_ids),
-        "context_cached_tokens": ctx_cached,
-        "timings": {
-            "validate_s": t1 - t0,
-            "context_s": t2 - t1,
-            "score_s": t3 - t2,
-            "total_s": time.perf_counter() - t0,
-        },
+        "context_cached_tokens": res.context_cached_tokens,
+        "timings": {"validate_s": t1 - t0, **res.timings, "total_s": time.perf_counter() - t0},
     }
 
 
@@ -320,6 +251,10 @@ def main(argv: Sequence[str]) -> None:
         # The same resizing as the embedded engine (transformers' PIL processor): SGLang's default
         # (torchvision) resizes differently, moving image log-probs by up to 4e-3 (measured).
         argv += ["--image-processor-backend", "pil"]
+    if "--constrained-json-disable-any-whitespace" not in argv:
+        # Tool-call arguments are decoded under JSON schemas; with optional whitespace allowed a weak
+        # model spends its whole budget on spaces and newlines (measured with xgrammar; see the notes).
+        argv.append("--constrained-json-disable-any-whitespace")
     server_args = prepare_server_args(argv)
     if int(getattr(server_args, "tokenizer_worker_num", 1) or 1) > 1:
         raise SystemExit(

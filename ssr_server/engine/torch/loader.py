@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from ssr_server.engine.torch import segments
+from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,16 @@ class LoadedModel:
     def lm_head(self) -> Any:
         return self.model.get_output_embeddings()
 
+    @property
+    def text_config(self) -> Any:
+        return self.model.config.get_text_config()
+
+    @property
+    def max_positions(self) -> int | None:
+        """The model's context limit (``max_position_embeddings``), when it declares one."""
+        n = getattr(self.text_config, "max_position_embeddings", None)
+        return int(n) if n else None
+
 
 def resolve_dtype(name: str) -> torch.dtype:
     try:
@@ -63,8 +75,16 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def load_model(path_or_id: str, dtype: str = "fp32", device: str = "cpu",
-               attn_implementation: str = "sdpa", bf16_matmul: str = "auto") -> LoadedModel:
+def attention_for(config: Any) -> str | dict[str, str]:
+    """``attn_implementation`` for a model: the segmented attention for the text decoder, stock sdpa
+    for everything else (the vision tower)."""
+    name = segments.register()
+    if hasattr(config, "vision_config"):
+        return {"text_config": name, "vision_config": "sdpa"}
+    return name
+
+
+def load_model(path_or_id: str, config: EngineConfig | None = None) -> LoadedModel:
     """Load with the Auto classes; a vision-language config gets the image-text class and processor."""
     from transformers import (
         AutoConfig,
@@ -74,17 +94,20 @@ def load_model(path_or_id: str, dtype: str = "fp32", device: str = "cpu",
         AutoTokenizer,
     )
 
-    torch_dtype = resolve_dtype(dtype)
+    cfg = config or EngineConfig()
+    torch_dtype = resolve_dtype(cfg.dtype)
+    device = torch.device(cfg.device)
     try:
-        config = AutoConfig.from_pretrained(path_or_id)
+        hf_config = AutoConfig.from_pretrained(path_or_id)
     except Exception as exc:
         raise EngineError(f"cannot load model config from {path_or_id!r}: {exc}") from exc
-    is_vl = hasattr(config, "vision_config")
+    is_vl = hasattr(hf_config, "vision_config")
     cls = AutoModelForImageTextToText if is_vl else AutoModelForCausalLM
-    model: Any = cls.from_pretrained(path_or_id, dtype=torch_dtype, attn_implementation=attn_implementation)
+    model: Any = cls.from_pretrained(path_or_id, dtype=torch_dtype,
+                                     attn_implementation=attention_for(hf_config))
     model.to(device)
     model.eval()
-    configure_bf16_matmul(model, torch_dtype, torch.device(device), bf16_matmul)
+    configure_bf16_matmul(model, torch_dtype, device, cfg.bf16_matmul)
     tokenizer = AutoTokenizer.from_pretrained(path_or_id)
     image_processor = None
     merge_size = 1
@@ -93,10 +116,10 @@ def load_model(path_or_id: str, dtype: str = "fp32", device: str = "cpu",
         # The PIL backend needs no torchvision (PyPI's torchvision is a CUDA build that fails on CPU torch).
         image_processor = AutoImageProcessor.from_pretrained(path_or_id, backend="pil")
         merge_size = int(getattr(image_processor, "merge_size", 2))
-        image_token_id = int(config.image_token_id)
+        image_token_id = int(hf_config.image_token_id)
     return LoadedModel(
         model=model, tokenizer=tokenizer, image_processor=image_processor, is_vl=is_vl,
-        dtype=torch_dtype, device=torch.device(device), image_token_id=image_token_id,
+        dtype=torch_dtype, device=device, image_token_id=image_token_id,
         merge_size=merge_size, eos_token_ids=_eos_ids(model, tokenizer), name=path_or_id,
     )
 

@@ -20,7 +20,7 @@ from ssr_server.errors import InvalidRequest
 
 @dataclass(frozen=True)
 class ProcessedImage:
-    pixel_values: torch.Tensor  # (num_patches, C * temporal_patch * patch * patch)
+    pixel_values: torch.Tensor  # (num_patches, C * temporal_patch * patch * patch), on the model's device
     grid_thw: tuple[int, int, int]
     num_tokens: int  # after the merge
 
@@ -49,10 +49,11 @@ class ImageCache:
             return hit
         if model.image_processor is None:
             raise InvalidRequest("this model has no vision tower: images are not supported")
-        out = model.image_processor(images=[ref.image], return_tensors="pt")
+        with torch.device("cpu"):  # the processor builds its tensors on the CPU, explicitly
+            out = model.image_processor(images=[ref.image], return_tensors="pt")
         t, h, w = (int(x) for x in out["image_grid_thw"][0].tolist())
         item = ProcessedImage(
-            pixel_values=out["pixel_values"].to(model.dtype),
+            pixel_values=out["pixel_values"].to(device=model.device, dtype=model.dtype),
             grid_thw=(t, h, w),
             num_tokens=t * h * w // (model.merge_size**2),
         )
@@ -102,8 +103,9 @@ def positions(model: LoadedModel, exp: Expanded, start: int, end: int, next_pos:
     ``get_rope_index`` for single-frame images, computed incrementally so a cached prefix never has
     to be walked again. Returns the positions and the position that follows ``end``.
     """
+    dev = model.device
     if not model.is_vl:
-        pos = torch.arange(next_pos, next_pos + (end - start)).view(1, -1)
+        pos = torch.arange(next_pos, next_pos + (end - start), device=dev).view(1, -1)
         return pos, next_pos + (end - start)
     parts: list[torch.Tensor] = []
     i = start
@@ -117,18 +119,18 @@ def positions(model: LoadedModel, exp: Expanded, start: int, end: int, next_pos:
                 raise ValueError("a model-input chunk must not split an image")
             _, h, w = img.grid_thw
             gh, gw = h // model.merge_size, w // model.merge_size
-            hh = torch.arange(gh).view(-1, 1).expand(gh, gw).reshape(-1)
-            ww = torch.arange(gw).view(1, -1).expand(gh, gw).reshape(-1)
+            hh = torch.arange(gh, device=dev).view(-1, 1).expand(gh, gw).reshape(-1)
+            ww = torch.arange(gw, device=dev).view(1, -1).expand(gh, gw).reshape(-1)
             parts.append(torch.stack([torch.zeros_like(hh), hh, ww]) + cur)
             cur += max(gh, gw)
             i = s1
             span = next(spans, None)
         else:
             stop = min(end, span[0][0] if span is not None else end)
-            parts.append(torch.arange(cur, cur + stop - i).view(1, -1).expand(3, -1))
+            parts.append(torch.arange(cur, cur + stop - i, device=dev).view(1, -1).expand(3, -1))
             cur += stop - i
             i = stop
-    pos = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long)
+    pos = torch.cat(parts, dim=1) if parts else torch.zeros(3, 0, dtype=torch.long, device=dev)
     return pos, cur
 
 
@@ -138,7 +140,7 @@ def images_in(exp: Expanded, start: int, end: int) -> tuple[torch.Tensor | None,
     if not chosen:
         return None, None
     pixel_values = torch.cat([c.pixel_values for c in chosen], dim=0)
-    grid = torch.tensor([c.grid_thw for c in chosen], dtype=torch.long)
+    grid = torch.tensor([c.grid_thw for c in chosen], dtype=torch.long, device=pixel_values.device)
     return pixel_values, grid
 
 

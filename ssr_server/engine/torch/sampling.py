@@ -8,18 +8,18 @@ from ssr_server.engine.base import GenerationParams
 
 
 class Sampler:
-    def __init__(self, params: GenerationParams) -> None:
+    def __init__(self, params: GenerationParams, device: torch.device) -> None:
         self.params = params
         self.generator: torch.Generator | None = None
         if params.temperature > 0:
-            self.generator = torch.Generator()
+            self.generator = torch.Generator(device=device)  # on the logits' device
             if params.seed is not None:
                 self.generator.manual_seed(params.seed)
             else:
                 self.generator.seed()
 
     def __call__(self, logits: torch.Tensor) -> int:
-        """Pick from ``logits`` (vocab,) float32."""
+        """Pick from ``logits`` (vocab,) float32, on the device the sampler was made for."""
         p = self.params
         if p.temperature <= 0:
             return int(torch.argmax(logits))

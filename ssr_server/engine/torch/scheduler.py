@@ -1,11 +1,18 @@
-"""One worker thread owns the model and batches the work of concurrent runs.
+"""One worker thread owns the model; each ``step`` packs the work of concurrent runs into ONE forward.
 
-Each iteration takes every job that arrived, then:
-1. resolves contexts against the prefix cache and prefills what is missing, all in one forward;
-2. scores the candidates of every scoring job in one forward;
-3. advances every active generation by one token, all in one forward.
-Scoring jobs are taken between decode steps, so a long generation never holds up another run's
-(short, latency-critical) selection step. Model work never runs on the event loop.
+A step takes, under the budgets of ``EngineConfig`` (tokens and sequences per forward):
+
+1. one decode step of every running generation (round robin once there are more than fit);
+2. the candidates of score jobs whose context is cached, oldest first (SSR's selection step is the
+   latency-critical one: it goes ahead of every prefill, and the oldest always runs);
+3. short prefills whole (a turn's observation, an action prompt: part of a turn's latency);
+4. chunks of long prefills, oldest first: while 1-3 share the forward, a chunk is sized by the
+   ``Pacer`` so the forward costs at most ``max_decode_slowdown`` x one without it; alone, as much
+   as the token budget allows. The oldest prefill always advances (no starvation).
+
+A failure belongs to one job: a prepare error (bad image, ``ContextTooLong``) fails that job before any
+work; a failed batched forward is re-run job by job, and only the jobs whose own forward fails are
+failed; so are errors in one job's bookkeeping. Model work never runs on the event loop.
 """
 
 from __future__ import annotations
@@ -14,76 +21,57 @@ import concurrent.futures as cf
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from collections import deque
 
 import torch
 
-from ssr_server.engine.base import CandidateScore, Context, Generation, GenerationParams
-from ssr_server.engine.stop import find_stop
-from ssr_server.engine.torch.kv import SeqKV
+from ssr_server.engine.torch.batch import Batch, Work
+from ssr_server.engine.torch.config import EngineConfig
+from ssr_server.engine.torch.decode import Decoder
+from ssr_server.engine.torch.jobs import GenerateJob, Job, ScoreJob, Seq, fail, resolve
+from ssr_server.engine.torch.pacing import Pacer
+from ssr_server.engine.torch.prefill_queue import PrefillQueue
 from ssr_server.engine.torch.prefix_cache import CacheEntry
-from ssr_server.engine.torch.runner import Chunk, ChunkOut, ModelRunner, Prepared
+from ssr_server.engine.torch.runner import Chunk, ChunkOut, ModelRunner
 from ssr_server.engine.torch.sampling import Sampler
 from ssr_server.errors import EngineError, SSRError
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(eq=False)
-class Job:
-    ctx: Context
-    future: cf.Future[object] = field(default_factory=cf.Future)
-    cancelled: bool = False
-    submitted: float = field(default_factory=time.perf_counter)
-
-
-@dataclass(eq=False)
-class ScoreJob(Job):
-    candidates: list[list[int]] = field(default_factory=list)
-
-
-@dataclass(eq=False)
-class GenerateJob(Job):
-    params: GenerationParams = field(default_factory=GenerationParams)
-
-
-@dataclass(eq=False)
-class _Seq:
-    job: GenerateJob
-    kv: SeqKV
-    key: list[int]
-    next_pos: int
-    sampler: Sampler
-    prompt_tokens: int
-    cached_tokens: int
-    started: float
-    generated: list[int] = field(default_factory=list)
-    logits: torch.Tensor | None = None
+def _as_ssr(exc: BaseException) -> SSRError:
+    return exc if isinstance(exc, SSRError) else EngineError(f"engine failure: {type(exc).__name__}: {exc}")
 
 
 class Scheduler:
-    def __init__(self, runner: ModelRunner, eos_ids: frozenset[int]) -> None:
+    def __init__(self, runner: ModelRunner, eos_ids: frozenset[int], config: EngineConfig,
+                 start: bool = True) -> None:
         self.runner = runner
-        self.eos_ids = eos_ids
-        self._pending: list[Job] = []
-        self._active: list[_Seq] = []
+        self.config = config
+        self.decoder = Decoder(runner.lm.tokenizer, eos_ids)
+        self.pacer = Pacer(config.max_decode_slowdown, config.min_prefill_chunk, config.prefill_chunk_size)
+        self._inbox: list[Job] = []
+        self._prefills = PrefillQueue(runner, config, self.pacer)
+        self._ready: deque[ScoreJob] = deque()  # contexts cached, candidates not yet scored
+        self._running: deque[Seq] = deque()
         self._cv = threading.Condition()
         self._stop = False
-        self.batches = 0
-        self.max_batch = 0
-        self._pieces: dict[int, str] = {}  # token id -> its text alone (stop-string pre-check)
-        self._thread = threading.Thread(target=self._loop, name="ssr-torch-worker", daemon=True)
-        self._thread.start()
+        self.batches = 0  # forwards run
+        self.max_batch = 0  # most jobs in one forward
+        self._thread: threading.Thread | None = None
+        if start:  # tests may drive ``step`` themselves instead
+            self._thread = threading.Thread(target=self._loop, name="ssr-torch-worker", daemon=True)
+            self._thread.start()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive() and not self._stop
+        return not self._stop and (self._thread is None or self._thread.is_alive())
 
     def submit(self, job: Job) -> cf.Future[object]:
         with self._cv:
             if self._stop:
                 raise EngineError("engine is closed")
-            self._pending.append(job)
+            self._inbox.append(job)
             self._cv.notify()
         return job.future
 
@@ -91,190 +79,219 @@ class Scheduler:
         with self._cv:
             self._stop = True
             self._cv.notify()
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        else:
+            self._fail_all(EngineError("engine is closed"))
+
+    def idle(self) -> bool:
+        return not (self._inbox or self._prefills or self._ready or self._running)
+
+    def run_until_idle(self) -> None:
+        """Drive the scheduler on this thread (only when constructed with ``start=False``)."""
+        while self.step():
+            pass
 
     # ---- worker ------------------------------------------------------------------------------
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._pending and not self._active and not self._stop:
+                while self.idle() and not self._stop:
                     self._cv.wait()
                 if self._stop:
                     break
-                new, self._pending = self._pending, []
             try:
-                self._iteration(new)
-            except Exception as exc:  # never let the worker die: fail what was in flight
-                log.exception("engine iteration failed")
-                err = exc if isinstance(exc, SSRError) else EngineError(f"engine failure: {exc}")
-                for job in [*new, *(s.job for s in self._active)]:
-                    _fail(job, err)
-                self._active = []
-        for job in [*self._pending, *(s.job for s in self._active)]:
-            _fail(job, EngineError("engine is closed"))
+                self.step()
+            except Exception as exc:  # a scheduler bug, not a job's fault: fail what is in flight
+                log.exception("engine step failed")
+                self._fail_all(_as_ssr(exc))
+        self._fail_all(EngineError("engine is closed"))
 
-    def _iteration(self, new: list[Job]) -> None:
-        live = [j for j in new if not _cancel_if_needed(j)]
-        scores = [j for j in live if isinstance(j, ScoreJob)]
-        gens = [j for j in live if isinstance(j, GenerateJob)]
-        preps: dict[Job, Prepared] = {}
-        for j in live:
-            try:
-                preps[j] = self.runner.prepare(j.ctx, reuse_candidates=isinstance(j, GenerateJob))
-            except SSRError as exc:
-                _fail(j, exc)
-        todo = [j for j in live if j in preps and preps[j].entry is None and preps[j].todo > 0]
-        if todo:
-            outs = self.runner.forward([self.runner.prefill_chunk(preps[j]) for j in todo])
-            for j, out in zip(todo, outs, strict=True):
-                self.runner.commit(preps[j], out)
-            self._note_batch(len(todo))
-        ready: list[tuple[ScoreJob, CacheEntry]] = []
-        for j in scores:
-            if j in preps:
-                p = preps[j]
-                if p.entry is None:
-                    assert p.kv is not None and p.last_logits is not None
-                    p.entry = CacheEntry(p.exp.key, p.kv, p.last_logits, p.next_pos)
-                    self.runner.cache.insert(p.entry)
-                ready.append((j, p.entry))
-        for j in gens:
-            if j in preps:
-                self._start(j, preps[j])
-        # Candidate scoring and one decode step of every active generation share ONE forward.
-        score_jobs = [(e, j.candidates) for j, e in ready]
-        score_chunks = self.runner.score_chunks(score_jobs)
-        feeding, decode_chunks = self._decode_chunks()
-        if not score_chunks and not decode_chunks:
+    def _fail_all(self, err: SSRError) -> None:
+        with self._cv:
+            inbox, self._inbox = self._inbox, []
+        for job in [*inbox, *self._prefills.every_job(), *self._ready, *(s.job for s in self._running)]:
+            fail(job, err)
+        self._prefills.clear()
+        self._ready, self._running = deque(), deque()
+
+    def step(self) -> bool:
+        """Admit new jobs, then plan, run and apply one forward. False once there is nothing left."""
+        with self._cv:
+            new, self._inbox = self._inbox, []
+        for job in new:
+            self._admit(job)
+        t0 = time.perf_counter()
+        batch = self._plan()
+        if not batch.works:
+            return not self.idle()
+        outs = self._forward(batch)
+        self._apply(batch, outs)
+        self.pacer.observe(time.perf_counter() - t0, batch.multi_tokens)
+        self.batches += 1
+        self.max_batch = max(self.max_batch, len(batch.works))
+        return True
+
+    # ---- admission -------------------------------------------------------------------------------
+    def _admit(self, job: Job) -> None:
+        if job.dropped():
             return
-        outs = self.runner.forward(score_chunks + decode_chunks)
-        self._note_batch(len(ready) + len(feeding))
-        if ready:
-            results = self.runner.score_results(score_jobs, outs[: len(score_chunks)],
-                                                cached=[preps[j].cached_tokens for j, _ in ready])
-            for (j, _), res in zip(ready, results, strict=True):
-                _resolve(j, res)
-        self._decode_update(feeding, outs[len(score_chunks) :])
-
-    def _start(self, job: GenerateJob, p: Prepared) -> None:
-        if p.entry is not None:  # whole prompt cached: fork so the shared entry stays intact
-            kv = p.entry.kv.fork(extra=job.params.max_new_tokens + 16)
+        try:
+            job.prep = p = self.runner.prepare(job.ctx, reuse_candidates=isinstance(job, GenerateJob),
+                                               reserve=job.reserve, need=job.need)
+        except Exception as exc:  # a bad image, a context too long, ...: this job only, before any work
+            fail(job, _as_ssr(exc))
+            return
+        if p.todo == 0:
+            self._prefilled(job)
         else:
-            assert p.kv is not None
-            kv = p.kv
-        n = len(p.exp.ids)
-        assert p.last_logits is not None
-        seq = _Seq(job, kv, list(p.exp.key), p.next_pos, Sampler(job.params), n, p.cached_tokens,
-                   time.perf_counter())
-        seq.logits = p.last_logits
-        self._active.append(seq)
+            self._prefills.offer(job)
 
-    def _decode_chunks(self) -> tuple[list[_Seq], list[Chunk]]:
-        """Sample each active generation's next token; one-token chunks for those that go on."""
-        feeding: list[_Seq] = []
-        for seq in self._active:
-            if _cancel_if_needed(seq.job):
-                continue
-            assert seq.logits is not None
-            tok = seq.sampler(seq.logits)
-            seq.generated.append(tok)
-            if not self._finish_if_done(seq):
-                feeding.append(seq)
-        self._active = feeding
+    def _prefilled(self, job: Job) -> None:
+        p = job.prep
+        assert p is not None  # internal invariant: admitted jobs are prepared
+        if isinstance(job, ScoreJob):
+            self.runner.finish_prefill(p)
+            self._ready.append(job)
+            return
+        assert isinstance(job, GenerateJob) and p.last_logits is not None
+        # A wholly cached prompt is forked so that the shared entry stays intact.
+        kv = p.entry.kv.fork(extra=job.reserve + 16) if p.entry is not None else p.kv
+        assert kv is not None
+        sampler = Sampler(job.params, self.runner.device)
+        self._running.append(Seq(job, kv, list(p.exp.key), p.next_pos, sampler, len(p.exp.ids),
+                                 p.cached_tokens, time.perf_counter(), p.last_logits))
+
+    # ---- planning ------------------------------------------------------------------------------
+    def _plan(self) -> Batch:
+        batch = Batch(self.config)
+        self._plan_decode(batch)
+        self._plan_scoring(batch)
+        self._plan_prefill(batch)
+        return batch
+
+    def _plan_decode(self, batch: Batch) -> None:
+        """Sample each running generation's next token; feed those that go on (round robin)."""
         dims = 3 if self.runner.lm.is_vl else 1
-        chunks = []
-        for seq in feeding:
-            pos = torch.full((dims, 1), seq.next_pos, dtype=torch.long)
-            chunks.append(Chunk(seq.kv, [seq.generated[-1]], pos, [0], past_len=seq.kv.length))
-        return feeding, chunks
+        for _ in range(len(self._running)):
+            if not batch.room(1):
+                break
+            seq = self._running.popleft()
+            if seq.job.dropped():
+                continue
+            try:
+                tok = self.decoder.next_token(seq)
+                result = self.decoder.finished(seq)
+                if result is not None:
+                    self._cache_finished(seq)
+                    resolve(seq.job, result)
+                    continue
+            except Exception as exc:
+                fail(seq.job, _as_ssr(exc))
+                continue
+            pos = torch.full((dims, 1), seq.next_pos, dtype=torch.long, device=self.runner.device)
+            batch.add(Work("decode", seq.job, [Chunk(seq.kv, [tok], pos, [0], past_len=seq.kv.length)], seq))
+            self._running.append(seq)  # served: to the back
 
-    def _decode_update(self, feeding: list[_Seq], outs: list[ChunkOut]) -> None:
-        for seq, out in zip(feeding, outs, strict=True):
-            if out.inplace:
-                seq.kv.length += 1
-            else:
-                seq.kv.append(out.keys, out.values)
-            seq.key.append(seq.generated[-1])
-            seq.next_pos += 1
-            seq.logits = out.logits[0]
+    def _plan_scoring(self, batch: Batch) -> None:
+        """Candidates of cached contexts, oldest first; the oldest always runs."""
+        scored = False
+        while self._ready:
+            job = self._ready[0]
+            if not job.dropped() and scored and not batch.room(job.tokens):
+                break
+            self._ready.popleft()
+            if job.dropped():
+                continue
+            assert job.prep is not None and job.prep.entry is not None
+            batch.add(Work("score", job, self.runner.score_chunks([(job.prep.entry, job.candidates)])))
+            scored = True
 
-    def _finish_if_done(self, seq: _Seq) -> bool:
-        params = seq.job.params
-        tok = seq.generated[-1]
-        tokenizer = self.runner.lm.tokenizer
-        reason: str | None = None
-        stop_text: str | None = None
-        text = ""
-        cut = 0
-        if tok in self.eos_ids and not params.ignore_eos:
-            reason = "eos"
-            text = tokenizer.decode(seq.generated[:-1], skip_special_tokens=False)
-            cut = len(text)
-        elif params.stop and self._tail_has_stop(seq.generated, params.stop):
-            # Only the tail is decoded each step; the whole text once, when a stop string showed up.
-            text = tokenizer.decode(seq.generated, skip_special_tokens=False)
-            hit = find_stop(text, params.stop)
-            if hit is not None:
-                reason, cut, stop_text = "stop", hit[0], hit[1]
-        if reason is None and len(seq.generated) >= params.max_new_tokens:
-            reason = "length"
-            text = tokenizer.decode(seq.generated, skip_special_tokens=False)
-            cut = len(text)
-        if reason is None:
-            return False
+    def _plan_prefill(self, batch: Batch) -> None:
+        for job in self._prefills.prune():  # their leader was dropped: they prefill themselves
+            self._admit(job)
+        self._prefills.plan(batch)
+
+    # ---- running -------------------------------------------------------------------------------
+    def _forward(self, batch: Batch) -> list[list[ChunkOut] | None]:
+        """Per work, its chunks' outputs (None: it failed, and its job was failed)."""
+        try:
+            flat = self.runner.forward([c for w in batch.works for c in w.chunks])
+        except Exception as exc:
+            if len(batch.works) == 1:
+                fail(batch.works[0].owner, _as_ssr(exc))
+                return [None]
+            log.warning("a forward of %d jobs failed (%s); running them one by one", len(batch.works), exc)
+            return [self._forward_alone(w) for w in batch.works]
+        outs: list[list[ChunkOut] | None] = []
+        i = 0
+        for w in batch.works:
+            outs.append(flat[i : i + len(w.chunks)])
+            i += len(w.chunks)
+        return outs
+
+    def _forward_alone(self, work: Work) -> list[ChunkOut] | None:
+        try:
+            return self.runner.forward(work.chunks)
+        except Exception as exc:
+            fail(work.owner, _as_ssr(exc))
+            return None
+
+    def _apply(self, batch: Batch, outs: list[list[ChunkOut] | None]) -> None:
+        scored = [(w, o) for w, o in zip(batch.works, outs, strict=True) if w.kind == "score" and o]
+        if scored:
+            self._score_results(scored)
+        for w, o in zip(batch.works, outs, strict=True):
+            if not o or w.kind == "score" or w.owner.dropped():
+                continue
+            try:
+                if w.seq is not None:
+                    self._after_decode(w.seq, o[0])
+                else:
+                    self._after_prefill(w.owner, w.chunks[0], o[0])
+            except Exception as exc:
+                fail(w.owner, _as_ssr(exc))
+
+    def _score_results(self, scored: list[tuple[Work, list[ChunkOut]]]) -> None:
+        jobs: list[tuple[ScoreJob, CacheEntry, int]] = []
+        for w, _ in scored:
+            job = w.owner
+            assert isinstance(job, ScoreJob) and job.prep is not None and job.prep.entry is not None
+            jobs.append((job, job.prep.entry, job.prep.cached_tokens))
+        try:  # one log-softmax over every candidate of every job
+            results = self.runner.score_results([(e, j.candidates) for j, e, _ in jobs],
+                                                [x for _, outs in scored for x in outs],
+                                                [c for _, _, c in jobs])
+        except Exception:  # then each job on its own: a failure stays with its job
+            for (job, entry, cached), (_, outs) in zip(jobs, scored, strict=True):
+                try:
+                    resolve(job, self.runner.score_results([(entry, job.candidates)], outs, [cached])[0])
+                except Exception as exc:
+                    fail(job, _as_ssr(exc))
+            return
+        for (job, _, _), res in zip(jobs, results, strict=True):
+            resolve(job, res)
+
+    def _after_prefill(self, job: Job, chunk: Chunk, out: ChunkOut) -> None:
+        assert job.prep is not None
+        self.runner.commit(job.prep, chunk, out)
+        if job.prep.todo == 0:
+            followers = self._prefills.leave(job)
+            self._prefilled(job)
+            for f in followers:  # the prefix they waited for is in the prefix cache now
+                self._admit(f)
+
+    def _after_decode(self, seq: Seq, out: ChunkOut) -> None:
+        if out.inplace:
+            seq.kv.length += 1
+        else:
+            seq.kv.append(out.keys, out.values)
+        seq.key.append(seq.generated[-1])
+        seq.next_pos += 1
+        seq.logits = out.logits[0]
+
+    def _cache_finished(self, seq: Seq) -> None:
         # The KV holds everything but the last sampled token (never fed): cache it for the next turn,
         # without the spare room reserved for max_new_tokens.
         kv = seq.kv.fork(extra=64) if seq.kv.capacity > seq.kv.length + 256 else seq.kv
-        entry = CacheEntry(tuple(seq.key), kv, seq.logits if seq.logits is not None
-                           else torch.zeros(0), seq.next_pos)
-        self.runner.cache.insert(entry)
-        elapsed = time.perf_counter() - seq.started
-        _resolve(seq.job, Generation(
-            token_ids=tuple(seq.generated), text=text[:cut], finish_reason=reason,  # type: ignore[arg-type]
-            prompt_tokens=seq.prompt_tokens, cached_tokens=seq.cached_tokens, elapsed_s=elapsed,
-            stop_text=stop_text,
-            timings={"queue_s": seq.started - seq.job.submitted, "generate_s": elapsed},
-        ))
-        return True
-
-    def _piece(self, tok: int) -> str:
-        piece = self._pieces.get(tok)
-        if piece is None:
-            piece = self._pieces[tok] = self.runner.lm.tokenizer.decode([tok], skip_special_tokens=False)
-        return piece
-
-    def _tail_has_stop(self, generated: list[int], stops: tuple[str, ...]) -> bool:
-        # A stop string that ended with the newest token ends with a character of that token's text,
-        # so most steps are settled by a dict lookup; a token holding part of a multi-byte character
-        # decodes to U+FFFD on its own and always gets the full check, as do stops ending in white
-        # space (some tokenizers drop a token's leading space when it is decoded alone).
-        piece = self._piece(generated[-1])
-        quick = all(s and not s[-1].isspace() for s in stops) and "\ufffd" not in piece
-        if quick and not any(s[-1] in piece for s in stops):
-            return False
-        # Every token holds at least one byte, so a stop string that ended with the newest token lies
-        # within its last len(stop in bytes) + 4 tokens.
-        n = max(len(s.encode()) for s in stops) + 4
-        tail = self.runner.lm.tokenizer.decode(generated[-n:], skip_special_tokens=False)
-        return find_stop(tail, stops) is not None
-
-    def _note_batch(self, size: int) -> None:
-        self.batches += 1
-        self.max_batch = max(self.max_batch, size)
-
-
-def _cancel_if_needed(job: Job) -> bool:
-    if job.cancelled or job.future.cancelled():
-        job.future.cancel()
-        return True
-    return False
-
-
-def _resolve(job: Job, value: list[CandidateScore] | Generation) -> None:
-    if not job.future.done():
-        job.future.set_result(value)
-
-
-def _fail(job: Job, exc: BaseException) -> None:
-    if not job.future.done():
-        job.future.set_exception(exc)
+        self.runner.cache.insert(CacheEntry(tuple(seq.key), kv, seq.logits, seq.next_pos))

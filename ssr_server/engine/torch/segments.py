@@ -11,10 +11,11 @@ Here attention runs per *segment*, the consecutive chunks sharing one past: quer
 (a view of its ``SeqKV``, the new keys written in place when the past is exclusive and at its end) and
 the segment's own new tokens (block-diagonal causal between its chunks). Cost: O(sum t_i (P_i + t_i)).
 
-Transformers calls the attention through its ``"sdpa"`` interface; ``install`` wraps that entry once
-so that, while ``segments(...)`` is active on this thread and for the text decoder's attention
-modules only, the segmented path runs; everything else (the vision tower, the naive reference path)
-gets stock sdpa.
+The attention is registered with transformers' ``AttentionInterface`` under its own name
+(``ATTENTION``, with sdpa's mask function under the same name) and models are loaded with it for their
+text decoder only (``attn_implementation`` per sub-config; the vision tower keeps stock sdpa). While
+``segments(...)`` is active on this thread, the text decoder's layers attend per segment; outside it
+(the naive reference path, transformers' own ``generate``) the same layers get stock sdpa.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ import torch
 from transformers import AttentionInterface
 from transformers.cache_utils import DynamicCache, DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ssr_server.engine.torch.kv import SeqKV
 
+ATTENTION = "ssr_segments"  # the attn_implementation name models are loaded with
+
 _tls = threading.local()
-_installed = False
-_lock = threading.Lock()
 
 
 @dataclass
@@ -48,7 +50,7 @@ class Segment:
     mask: torch.Tensor | None = None  # (1, 1, t, past_len + t) additive; None: one token, no mask
 
 
-def plan(chunks: list[Any], dtype: torch.dtype) -> list[Segment]:
+def plan(chunks: list[Any], dtype: torch.dtype, device: torch.device) -> list[Segment]:
     """Segments of ``chunks`` (runner ``Chunk``s): consecutive chunks on the same past share one."""
     segs: list[Segment] = []
     uses: dict[int, int] = {}
@@ -70,18 +72,19 @@ def plan(chunks: list[Any], dtype: torch.dtype) -> list[Segment]:
             # decode steps grow geometrically; multi-token scratch (candidates) exactly
             s.past.reserve(s.end - s.start, exact=s.end - s.start > 1)
             s.inplace = True
-        s.mask = _mask(dtype, s.past_len, s.bounds)
+        s.mask = _mask(dtype, device, s.past_len, s.bounds)
     return segs
 
 
-def _mask(dtype: torch.dtype, past_len: int, bounds: list[tuple[int, int]]) -> torch.Tensor | None:
+def _mask(dtype: torch.dtype, device: torch.device, past_len: int,
+          bounds: list[tuple[int, int]]) -> torch.Tensor | None:
     t = bounds[-1][1]
     if t == 1:
         return None
-    mask = torch.full((1, 1, t, past_len + t), torch.finfo(dtype).min, dtype=dtype)
+    mask = torch.full((1, 1, t, past_len + t), torch.finfo(dtype).min, dtype=dtype, device=device)
     mask[..., :past_len] = 0
     for a, b in bounds:
-        tri = torch.ones(b - a, b - a, dtype=torch.bool).tril()
+        tri = torch.ones(b - a, b - a, dtype=torch.bool, device=device).tril()
         mask[0, 0, a:b, past_len + a : past_len + b].masked_fill_(tri, 0)
     return mask
 
@@ -154,18 +157,23 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
     return out.transpose(1, 2).contiguous(), None
 
 
-def install() -> None:
-    global _installed
-    with _lock:
-        if not _installed:
-            AttentionInterface.register("sdpa", _attention)
-            _installed = True
+def register() -> str:
+    """Register the segmented attention (and sdpa's mask function) under ``ATTENTION``; idempotent.
+    Registration only adds a name: no other model in the process changes behaviour."""
+    AttentionInterface.register(ATTENTION, _attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)
+    return ATTENTION
+
+
+def uses_segments(text_model: Any) -> bool:
+    """Whether ``text_model`` (the text decoder) attends through ``ATTENTION``."""
+    config = getattr(text_model, "config", None)
+    return getattr(config, "_attn_implementation", None) == ATTENTION
 
 
 @contextlib.contextmanager
 def segments(text_model: Any, segs: list[Segment]) -> Iterator[None]:
     """While active on this thread, ``text_model``'s attention layers attend per segment."""
-    install()
     if getattr(_tls, "owner", None) is not text_model:
         _tls.modules = {id(m) for m in text_model.modules() if hasattr(m, "layer_idx")}
         _tls.owner = text_model

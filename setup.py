@@ -1,0 +1,13 @@
+"""Packages only (everything else is in pyproject.toml).
+
+``find_packages`` cannot see a folder outside the package, so the top-level ``candidates/`` folder (the
+shipped rationale libraries, where users look for and edit them) is added here and mapped into the
+package as ``ssr_server.candidates``: installed servers, wheels and editable installs all have it.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    packages=[*find_packages(include=["ssr_server*"]), "ssr_server.candidates"],
+    package_dir={"ssr_server.candidates": "candidates"},
+)

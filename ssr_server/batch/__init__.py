@@ -1,0 +1,1 @@
+"""Batches of agent runs: the runners shared by `ssr-server infer` and `ssr-server eval`."""

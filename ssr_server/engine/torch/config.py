@@ -1,0 +1,71 @@
+"""The embedded engine's one frozen configuration (nano-vllm's ``Config``, mini-sglang's ``EngineConfig``).
+
+Everything the engine's layers need to know that is not the model itself: where it runs, how big a
+forward may get, how a long prefill is paced against other runs' decoding, how much KV the prefix
+cache keeps, and how long a context may be. ``from_settings`` maps the ``SSR_*`` settings onto it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from ssr_server.errors import EngineError
+
+if TYPE_CHECKING:
+    from ssr_server.config import Settings
+
+Bf16Matmul = Literal["auto", "native", "fp32"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    device: str = "cpu"  # any torch device string: cpu, cuda, cuda:1, ...
+    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    # Budgets of one forward. A score job (all its candidates) or an image is never split, so one
+    # of them larger than the token budget still runs, alone.
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256  # decode steps + score jobs + prefills sharing one forward
+    # Prefills of at most this many tokens run whole (a turn's observation, an action prompt); longer
+    # ones are chunked, and while other runs decode or score each chunk is sized so that the forward
+    # costs at most ``max_decode_slowdown`` x a forward without it (sizes from measured costs; 0 = no
+    # pacing: chunks of ``prefill_chunk_size``).
+    prefill_chunk_size: int = 512
+    max_decode_slowdown: float = 1.5
+    min_prefill_chunk: int = 1  # the least a paced long prefill advances per forward (no starvation)
+    prefix_cache_bytes: int = 1 << 30
+    prefix_cache_entries: int = 256
+    max_context: int | None = None  # None: the model's max_position_embeddings
+    threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
+    bf16_matmul: Bf16Matmul = "auto"
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16"):
+            raise EngineError(f"unknown dtype {self.dtype!r}; use fp32, bf16 or fp16")
+        if self.bf16_matmul not in ("auto", "native", "fp32"):
+            raise EngineError(f"bf16_matmul must be auto, native or fp32, not {self.bf16_matmul!r}")
+        for name in ("max_num_batched_tokens", "max_num_seqs", "prefill_chunk_size", "min_prefill_chunk",
+                     "prefix_cache_bytes", "prefix_cache_entries"):
+            if getattr(self, name) < 1:
+                raise EngineError(f"engine config: {name} must be >= 1")
+        if self.min_prefill_chunk > self.prefill_chunk_size:
+            raise EngineError("engine config: min_prefill_chunk must be <= prefill_chunk_size")
+        if self.prefill_chunk_size > self.max_num_batched_tokens:
+            raise EngineError("engine config: prefill_chunk_size must be <= max_num_batched_tokens")
+        if self.max_decode_slowdown != 0 and self.max_decode_slowdown <= 1:
+            raise EngineError("engine config: max_decode_slowdown must be > 1 (or 0: no pacing)")
+        if self.max_context is not None and self.max_context < 2:
+            raise EngineError("engine config: max_context must be >= 2")
+        if self.threads is not None and self.threads < 1:
+            raise EngineError("engine config: threads must be >= 1")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineConfig:
+        return cls(
+            device=settings.device, dtype=settings.dtype,
+            max_num_batched_tokens=settings.max_batched_tokens, max_num_seqs=settings.max_batched_seqs,
+            prefill_chunk_size=settings.prefill_chunk_tokens,
+            max_decode_slowdown=settings.max_decode_slowdown,
+            prefix_cache_bytes=settings.prefix_cache_mb * 1024 * 1024, max_context=settings.max_context,
+            threads=settings.torch_threads, bf16_matmul=settings.bf16_matmul,
+        )

@@ -1,0 +1,105 @@
+"""The work the scheduler trades with the engine: score and generate jobs, and running generations.
+
+A job is submitted from the event loop and resolved on the worker thread through its
+``concurrent.futures.Future``; every failure is set on the one job it belongs to.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ssr_server.engine.base import CandidateScore, Context, Generation, GenerationParams
+from ssr_server.engine.torch.grammar import GrammarState
+from ssr_server.engine.torch.kv import SeqKV
+from ssr_server.engine.torch.runner import Prepared
+from ssr_server.engine.torch.sampling import Sampler
+
+
+@dataclass(eq=False)
+class Job:
+    ctx: Context
+    future: cf.Future[object] = field(default_factory=cf.Future)
+    cancelled: bool = False
+    submitted: float = field(default_factory=time.perf_counter)
+    prep: Prepared | None = None  # set once resolved against the prefix cache
+    paced: bool = False  # a long prefill: chunked, and paced against other runs' latency-critical work
+
+    @property
+    def need(self) -> int:
+        """Tokens that must fit after the context (checked against the model's limit)."""
+        return 0
+
+    @property
+    def reserve(self) -> int:
+        """KV capacity to keep free after a freshly prefilled context."""
+        return 0
+
+    def dropped(self) -> bool:
+        """Cancelled by its caller (then its future is cancelled too) or already failed/resolved."""
+        if self.cancelled or self.future.cancelled():
+            self.future.cancel()
+            return True
+        return self.future.done()
+
+
+@dataclass(eq=False)
+class ScoreJob(Job):
+    candidates: list[list[int]] = field(default_factory=list)
+
+    @property
+    def need(self) -> int:
+        return max((len(c) for c in self.candidates), default=0)
+
+    @property
+    def reserve(self) -> int:
+        # All candidates are written after the context in ONE forward: with room for them, a fresh
+        # context's first scoring writes in place instead of copying the context's whole KV.
+        return sum(len(c) for c in self.candidates)
+
+    @property
+    def tokens(self) -> int:
+        return self.reserve
+
+
+@dataclass(eq=False)
+class GenerateJob(Job):
+    params: GenerationParams = field(default_factory=GenerationParams)
+    grammar: GrammarState | None = None  # built off the worker thread (compiling costs ~0.5 s)
+
+    @property
+    def need(self) -> int:
+        return self.params.max_new_tokens
+
+    @property
+    def reserve(self) -> int:
+        return self.params.max_new_tokens + 1
+
+
+@dataclass(eq=False)
+class Seq:
+    """A running generation: its private KV, the key it will be cached under, the next logits."""
+
+    job: GenerateJob
+    kv: SeqKV
+    key: list[int]
+    next_pos: int
+    sampler: Sampler
+    prompt_tokens: int
+    cached_tokens: int
+    started: float
+    logits: torch.Tensor  # (vocab,) float32: the distribution of the next token
+    generated: list[int] = field(default_factory=list)
+
+
+def resolve(job: Job, value: list[CandidateScore] | Generation) -> None:
+    if not job.future.done():
+        job.future.set_result(value)
+
+
+def fail(job: Job, exc: BaseException) -> None:
+    if not job.future.done():
+        job.future.set_exception(exc)

@@ -1,0 +1,1 @@
+"""The benchmark side: oracle trajectories, the eval runner and its report."""

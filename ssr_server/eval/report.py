@@ -1,0 +1,115 @@
+"""Eval records (one per question) and the summary recomputed from them, per question kind and overall.
+
+A record keeps what a run did against what the question's gold says: the prediction and whether it is
+correct (normalised answer match), the chosen rationales against the gold moves, the action types, and
+the latency and token figures. ``summarize`` is a pure function of the records, so the summary in an
+eval JSON can always be recomputed (and is, in the tests).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from ssr_server.agent.actions import allowed_actions
+from ssr_server.summary import percentiles
+from ssr_server.world.answers import is_correct
+from ssr_server.world.records import MOVE_ACTIONS, Question
+
+_DISPLAY_KINDS = ("search", "named", "visual", "detail", "knowledge", "two_hop")
+
+
+def make_record(question: Question, run: dict[str, Any] | None, error: str | None,
+                candidate_actions: dict[str, str]) -> dict[str, Any]:
+    """The record of one question; ``candidate_actions`` maps the library's ids to their actions."""
+    gold = [m.move for m in question.moves]
+    base = {"id": question.id, "kind": question.kind, "split": question.split, "question": question.question,
+            "gold_answer": question.answer, "aliases": list(question.aliases), "gold_moves": gold}
+    if run is None:
+        return {**base, "prediction": None, "correct": False, "outcome": "failed", "error": error, "turns": 0,
+                "chosen": [], "actions": [], "move_correct": [], "action_correct": [], "consistent": [],
+                "reasoning_s": [], "action_s": [], "model_s": 0.0, "generated_tokens": 0, "scored_tokens": 0}
+    turns = run["turns"]
+    chosen = [t["candidate_id"] for t in turns]
+    actions = [t["action_type"] for t in turns]
+    gold_actions = [MOVE_ACTIONS[m] for m in gold]
+    return {
+        **base, "prediction": run["answer"],
+        "correct": run["outcome"] == "answered" and is_correct(run["answer"] or "", question.answer,
+                                                               question.aliases),
+        "outcome": run["outcome"], "error": run.get("error"), "turns": len(turns), "chosen": chosen,
+        "actions": actions,
+        "move_correct": [i < len(gold) and c == gold[i] for i, c in enumerate(chosen)] if any(chosen) else [],
+        "action_correct": [i < len(gold_actions) and a == gold_actions[i] for i, a in enumerate(actions)],
+        "consistent": [c is None or c not in candidate_actions or a in allowed_actions(candidate_actions[c])
+                       for c, a in zip(chosen, actions, strict=True)],
+        "reasoning_s": [t["reasoning_s"] for t in turns], "action_s": [t["action_s"] for t in turns],
+        "model_s": sum(t["reasoning_s"] + t["action_s"] for t in turns),
+        "generated_tokens": sum(t["reasoning_tokens"] + t["action_tokens"] for t in turns),
+        "scored_tokens": sum(t["scored_tokens"] for t in turns),
+    }
+
+
+def _rate(flags: Iterable[bool]) -> float | None:
+    values = list(flags)
+    return sum(values) / len(values) if values else None
+
+
+def _group(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "questions": len(records),
+        "success": _rate(r["correct"] for r in records),
+        "answered": _rate(r["outcome"] == "answered" for r in records),
+        "failed": sum(r["outcome"] == "failed" for r in records),
+        "turns_mean": _mean(r["turns"] for r in records),
+        "move_accuracy": _rate(f for r in records for f in r["move_correct"]),
+        "action_accuracy": _rate(f for r in records for f in r["action_correct"]),
+        "consistency": _rate(f for r in records for f in r["consistent"]),
+        "candidate_mix": dict(sorted(Counter(c for r in records for c in r["chosen"] if c).items())),
+        "outcomes": dict(sorted(Counter(r["outcome"] for r in records).items())),
+        "reasoning_s": percentiles((x for r in records for x in r["reasoning_s"]), (50, 95)),
+        "action_s": percentiles((x for r in records for x in r["action_s"]), (50, 95)),
+        "model_s": percentiles((r["model_s"] for r in records if r["outcome"] != "failed"), (50, 95)),
+        "generated_tokens_mean": _mean(r["generated_tokens"] for r in records if r["outcome"] != "failed"),
+    }
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    v = list(values)
+    return sum(v) / len(v) if v else None
+
+
+def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    kinds = sorted({r["kind"] for r in records}, key=lambda k: (*_DISPLAY_KINDS, k).index(k))
+    return {"overall": _group(records), "kinds": {k: _group([r for r in records if r["kind"] == k])
+                                                   for k in kinds}}
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _ms(d: dict[str, Any], key: str) -> str:
+    v = d.get(key)
+    return "-" if v is None else f"{1e3 * v:.1f}"
+
+
+def format_summary(summary: dict[str, Any], title: str = "") -> str:
+    head = (f"{'kind':<10} {'n':>5} {'success':>8} {'turns':>6} {'move acc':>9} {'act acc':>8} "
+            f"{'consist':>8} {'reason ms mean/p95':>19} {'action ms mean/p95':>19} {'model ms mean/p95':>18} "
+            f"{'gen tok':>8}")
+    lines = [title, head] if title else [head]
+    rows = [*summary["kinds"].items(), ("overall", summary["overall"])]
+    for name, g in rows:
+        lines.append(
+            f"{name:<10} {g['questions']:>5} {_pct(g['success']):>8} {g['turns_mean'] or 0:>6.2f} "
+            f"{_pct(g['move_accuracy']):>9} {_pct(g['action_accuracy']):>8} {_pct(g['consistency']):>8} "
+            f"{_ms(g['reasoning_s'], 'mean') + ' / ' + _ms(g['reasoning_s'], 'p95'):>19} "
+            f"{_ms(g['action_s'], 'mean') + ' / ' + _ms(g['action_s'], 'p95'):>19} "
+            f"{_ms(g['model_s'], 'mean') + ' / ' + _ms(g['model_s'], 'p95'):>18} "
+            f"{g['generated_tokens_mean'] or 0:>8.1f}")
+    mix = summary["overall"]["candidate_mix"]
+    if mix:
+        lines.append("candidate mix: " + ", ".join(f"{k} {v}" for k, v in mix.items()))
+    return "\n".join(lines)

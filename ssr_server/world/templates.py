@@ -1,0 +1,38 @@
+"""Question stems of the kinds that do not come from an attribute: visual, detail and two-hop.
+
+As with attribute stems, the *last* stem of every list is reserved for the test split. Fields:
+``{cn}`` the coloured part, ``{be}`` "is"/"are" for it, ``{cnt}`` the counted parts, ``{rn}`` the
+pictured thing, ``{place}`` where the sign stands, ``{kind}`` "number"/"letter", ``{pn}`` the plaque.
+"""
+
+from __future__ import annotations
+
+VISUAL: dict[str, tuple[str, ...]] = {
+    "colour": ("What colour {be} the {cn} in this picture?", "What is the colour of the {cn} shown here?",
+               "Which colour {be} the {cn}?", "The {cn} in this image {be} what colour?"),
+    "count": ("How many {cnt} does the {rn} in this picture have?", "How many {cnt} can you see on the {rn}?",
+              "Count the {cnt} of the {rn}: how many are there?", "What is the number of {cnt} on the {rn}?"),
+    "shape": ("What shape is shown on the sign {place}?", "Which shape is painted on the big sign?",
+              "What shape does the sign in this picture show?", "The sign {place} shows which shape?"),
+    "char": ("What {kind} is written on the sign {place}?", "Which {kind} does the big sign show?",
+             "Read the large {kind} on the sign: what is it?", "The sign {place} shows which {kind}?"),
+}
+DETAIL: tuple[str, ...] = (
+    "What is written on the small {pn}?", "Which character is printed on the little {pn} in this picture?",
+    "What does the tiny {pn} near the {rn} say?", "The small {pn} shows which character?",
+)
+KNOWLEDGE_PICTURE_SHARE = 0.3  # knowledge questions that show the entity instead of naming it
+
+
+def plural(noun: str) -> bool:
+    return noun.endswith("s") and not noun.endswith("ss")
+
+
+def capitalise(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def fill(stem: str, **fields: str) -> str:
+    """Fill a stem; ``{Ref}`` and ``{Role}`` are the capitalised ``{ref}`` and ``{role}``."""
+    extra = {k[:1].upper() + k[1:]: capitalise(v) for k, v in fields.items() if k in ("ref", "role")}
+    return capitalise(stem.format(**fields, **extra))

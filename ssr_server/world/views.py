@@ -1,0 +1,85 @@
+"""Question images: perturbed views of an entity's canvas, so image search must match, not look up.
+
+A view crops a little off each side (which also shifts and rescales the picture), jitters brightness,
+contrast and colour balance, adds sensor noise and is saved as JPEG, like a photo of the same thing.
+Perturbations are mild by design: colours keep their names, counts and characters stay inside the
+picture (everything asked about lies within ``scene.MARGIN``), and the small plaque keeps its place,
+which the view maps into 0-1000 coordinates for the zoom gold box.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from ssr_server.world.picture import PICTURE_SIZE
+from ssr_server.world.scene import Box, H, W
+
+MAX_CROP = 0.03  # of each side; scene.MARGIN keeps everything that questions ask about further in
+ZOOM_PAD = 0.4  # of the plaque's size, added around it: the plaque fills most of the zoomed crop
+
+
+Crop = tuple[float, float, float, float]  # the canvas region a view shows, in canvas pixels
+
+
+@dataclass(frozen=True)
+class View:
+    jpeg: bytes
+    crop: Crop
+
+
+def to_relative(crop: Crop, box: Box) -> tuple[float, float, float, float]:
+    """A canvas box in a view's 0-1000 coordinates (may fall outside 0-1000)."""
+    cl, ct, cr, cb = crop
+    sx, sy = 1000 / (cr - cl), 1000 / (cb - ct)
+    return (box[0] - cl) * sx, (box[1] - ct) * sy, (box[2] - cl) * sx, (box[3] - ct) * sy
+
+
+def view_seed(*parts: int | str) -> int:
+    """A 64-bit seed from any parts, independent of Python's hash randomisation."""
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "big")
+
+
+_NOISE_PAD = 32
+# Sensor noise is sliced from one fixed bank at a random offset: drawing fresh normal deviates for every
+# view costs more than everything else a view needs.
+_NOISE = np.random.default_rng(0x5E2502).standard_normal(
+    (PICTURE_SIZE[1] + _NOISE_PAD, PICTURE_SIZE[0] + _NOISE_PAD, 3), dtype=np.float32)
+
+
+def make_view(half: Image.Image, seed: int) -> View:
+    """A view of the half-size canvas (the index picture): cheaper to resample than the full canvas."""
+    rng = np.random.default_rng(seed)
+    left, right, top, bottom = (rng.uniform(0, MAX_CROP) for _ in range(4))
+    crop = (left * W, top * H, W - right * W, H - bottom * H)
+    half_box = (crop[0] / 2, crop[1] / 2, crop[2] / 2, crop[3] / 2)
+    img = half.resize(PICTURE_SIZE, Image.Resampling.BILINEAR, box=half_box)
+    arr = np.asarray(img, dtype=np.float32)
+    mean = float(arr.mean())
+    gain = rng.uniform(0.96, 1.04, size=3).astype(np.float32)  # colour balance
+    contrast, brightness, sigma = rng.uniform(0.9, 1.1), rng.uniform(0.92, 1.08), rng.uniform(1.5, 4.0)
+    oy, ox = (int(v) for v in rng.integers(0, _NOISE_PAD, size=2))
+    # ((x - mean) * contrast + mean * brightness) * gain + noise, folded into one scale and one offset
+    arr *= np.float32(contrast) * gain
+    arr += np.float32(mean * (brightness - contrast) + 0.5) * gain
+    arr += _NOISE[oy:oy + PICTURE_SIZE[1], ox:ox + PICTURE_SIZE[0]] * np.float32(sigma)
+    out = Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+    buf = io.BytesIO()
+    out.save(buf, format="JPEG", quality=int(rng.integers(82, 93)))
+    return View(buf.getvalue(), crop)
+
+
+def zoom_box(crop: Crop, plaque: Box) -> tuple[int, int, int, int]:
+    """The gold zoom box around the plaque, integers in 0-1000 with x1 < x2 and y1 < y2."""
+    x0, y0, x1, y1 = to_relative(crop, plaque)
+    px, py = (x1 - x0) * ZOOM_PAD, (y1 - y0) * ZOOM_PAD
+    box = (max(0, math.floor(x0 - px)), max(0, math.floor(y0 - py)),
+           min(1000, math.ceil(x1 + px)), min(1000, math.ceil(y1 + py)))
+    if not (box[0] < box[2] and box[1] < box[3]):
+        raise ValueError(f"plaque {plaque} falls outside the view {crop}")
+    return box

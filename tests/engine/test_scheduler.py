@@ -1,0 +1,381 @@
+"""The scheduler, driven step by step on the test thread (``start=False``): budgets per forward, chunked
+prefill interleaved with decoding, scoring ahead of long prefills, no starvation, failures isolated
+per job, contexts over the model's limit refused before any work, KV reserved for the candidates."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from ssr_server.engine.base import CandidateScore, Context, Generation, GenerationParams, ImageRef
+from ssr_server.engine.torch.config import EngineConfig
+from ssr_server.engine.torch.engine import TorchEngine
+from ssr_server.engine.torch.jobs import GenerateJob, Job, ScoreJob
+from ssr_server.engine.torch.loader import LoadedModel
+from ssr_server.engine.torch.multimodal import ImageCache, expand
+from ssr_server.engine.torch.runner import Chunk
+from ssr_server.errors import ContextTooLong, EngineError, InvalidRequest
+
+TOL = 1e-4
+
+
+class Tap:
+    """Every forward's chunks, recorded on the runner; a forward holding ``poison`` (a chunk's ids)
+    raises, as a forward that one job's input breaks would."""
+
+    def __init__(self, engine: TorchEngine, poison: list[int] | None = None) -> None:
+        self.forwards: list[list[Chunk]] = []
+        inner = engine.runner.forward
+
+        def forward(chunks: list[Chunk]) -> Any:
+            self.forwards.append(list(chunks))
+            if poison is not None and any(c.ids == poison for c in chunks):
+                raise RuntimeError("poisoned chunk in this forward")
+            return inner(chunks)
+
+        engine.runner.forward = forward  # type: ignore[method-assign]
+
+    def tokens(self, i: int) -> int:
+        return sum(len(c.ids) for c in self.forwards[i])
+
+
+@pytest.fixture
+def make_engine(lm: LoadedModel) -> Iterator[Callable[..., TorchEngine]]:
+    made: list[TorchEngine] = []
+
+    def make(**config: Any) -> TorchEngine:
+        engine = TorchEngine(lm, EngineConfig(**config), start=False)
+        made.append(engine)
+        return engine
+
+    yield make
+    for e in made:
+        e.scheduler.close()
+
+
+def submit(engine: TorchEngine, *jobs: Job) -> None:
+    for j in jobs:
+        engine.scheduler.submit(j)
+
+
+def long_context(tok: Any, n: int, salt: str = "") -> Context:
+    text = f"{salt} " + " ".join(f"item {i} is a tower of iron." for i in range(n))
+    return Context(tuple(tok.encode(text, add_special_tokens=False)[:n]))
+
+
+def generation(job: Job) -> Generation:
+    out = job.future.result()
+    assert isinstance(out, Generation)
+    return out
+
+
+def max_diff(a: list[CandidateScore], b: list[CandidateScore]) -> float:
+    return max(abs(x - y) for s, t in zip(a, b, strict=True)
+               for x, y in zip(s.token_logprobs, t.token_logprobs, strict=True))
+
+
+# ---------------------------------------------------------------- budgets and chunked prefill
+
+
+def test_token_and_sequence_budgets(make_engine: Callable[..., TorchEngine], tok: Any,
+                                    contexts: dict[str, Context], candidates: list[list[int]]) -> None:
+    engine = make_engine(max_num_batched_tokens=64, max_num_seqs=3, prefill_chunk_size=32,
+                         max_decode_slowdown=0, min_prefill_chunk=4)
+    tap = Tap(engine)
+    gens = [GenerateJob(contexts["text"], params=GenerationParams(max_new_tokens=6)) for _ in range(4)]
+    scores = [ScoreJob(long_context(tok, 200, str(i)), candidates=candidates[:2]) for i in range(2)]
+    submit(engine, *gens, *scores)
+    engine.scheduler.run_until_idle()
+    for j in [*gens, *scores]:
+        assert j.future.result() is not None
+    for i, chunks in enumerate(tap.forwards):
+        # the oldest prefill may add its minimum chunk (4) past the token budget: no starvation
+        assert tap.tokens(i) <= 64 + 4, f"forward {i}: {tap.tokens(i)} tokens"
+        jobs = {id(c.past) if c.past is not None else id(c) for c in chunks}  # one past per job here
+        assert len(jobs) <= 3, f"forward {i}: {len(jobs)} jobs"
+    assert len(tap.forwards) > 10
+
+
+def test_long_prefill_is_chunked_between_decode_steps(make_engine: Callable[..., TorchEngine], tok: Any,
+                                                      runner: Any, contexts: dict[str, Context],
+                                                      candidates: list[list[int]]) -> None:
+    engine = make_engine(prefill_chunk_size=32, max_decode_slowdown=0, min_prefill_chunk=4)
+    tap = Tap(engine)
+    gen = GenerateJob(contexts["image"], params=GenerationParams(max_new_tokens=40, ignore_eos=True))
+    submit(engine, gen)
+    for _ in range(3):
+        engine.scheduler.step()  # the generation is decoding
+    ctx = long_context(tok, 300)
+    score = ScoreJob(ctx, candidates=candidates)
+    submit(engine, score)
+    first = len(tap.forwards)
+    engine.scheduler.run_until_idle()
+    during = [f for f in tap.forwards[first:] if any(len(c.ids) > 1 and not c.logits_rows for c in f)]
+    assert len(during) >= 300 // 32 - 1  # the prefill went in many chunks ...
+    for f in during:  # ... each at most the chunk size, each beside one decode step of the other run
+        assert sum(1 for c in f if len(c.ids) == 1) == 1
+        assert max(len(c.ids) for c in f if len(c.ids) > 1) <= 32
+    got = score.future.result()
+    assert isinstance(got, list) and max_diff(got, runner.naive_score(ctx, candidates)) <= TOL
+    alone = make_engine()
+    solo = GenerateJob(contexts["image"], params=GenerationParams(max_new_tokens=40, ignore_eos=True))
+    submit(alone, solo)
+    alone.scheduler.run_until_idle()
+    assert generation(gen).token_ids == generation(solo).token_ids
+
+
+def test_paced_chunks_follow_measured_costs(make_engine: Callable[..., TorchEngine], tok: Any,
+                                            contexts: dict[str, Context],
+                                            candidates: list[list[int]]) -> None:
+    """With pacing on, chunks start at the minimum and stay within the configured maximum."""
+    engine = make_engine(prefill_chunk_size=64, max_decode_slowdown=1.5, min_prefill_chunk=4)
+    tap = Tap(engine)
+    submit(engine, GenerateJob(contexts["text"], params=GenerationParams(max_new_tokens=80, ignore_eos=True)))
+    engine.scheduler.step()
+    engine.scheduler.step()
+    submit(engine, ScoreJob(long_context(tok, 300), candidates=candidates[:1]))
+    engine.scheduler.run_until_idle()
+    sizes = [len(c.ids) for f in tap.forwards if len(f) == 2  # a decode step + a prefill chunk
+             for c in f if len(c.ids) > 1 and len(c.logits_rows) <= 1]
+    assert sizes and sizes[0] == 4 and max(sizes) <= 64
+    assert all(b <= 2 * a for a, b in itertools.pairwise(sizes))  # grows at most 2x
+
+
+# ---------------------------------------------------------------- order and fairness
+
+
+def test_scoring_goes_ahead_of_a_long_prefill(make_engine: Callable[..., TorchEngine], tok: Any,
+                                              contexts: dict[str, Context],
+                                              candidates: list[list[int]]) -> None:
+    engine = make_engine(max_num_batched_tokens=64, prefill_chunk_size=16, max_decode_slowdown=0,
+                         min_prefill_chunk=4)
+    warm = ScoreJob(contexts["text"], candidates=candidates)
+    submit(engine, warm)
+    engine.scheduler.run_until_idle()
+    long_job = ScoreJob(long_context(tok, 400), candidates=candidates)
+    submit(engine, long_job)
+    engine.scheduler.step()
+    quick = ScoreJob(contexts["text"], candidates=candidates[:2])  # cached context: scoring only
+    submit(engine, quick)
+    engine.scheduler.step()
+    assert quick.future.done() and not long_job.future.done()
+    engine.scheduler.run_until_idle()
+    assert long_job.future.result()
+
+
+def test_no_starvation_of_a_long_prefill(make_engine: Callable[..., TorchEngine], tok: Any,
+                                         contexts: dict[str, Context], candidates: list[list[int]]) -> None:
+    """A stream of score jobs that fills every forward's token budget still lets the oldest prefill
+    advance by at least the minimum chunk per forward."""
+    engine = make_engine(max_num_batched_tokens=64, prefill_chunk_size=32, max_decode_slowdown=0,
+                         min_prefill_chunk=8)
+    submit(engine, ScoreJob(contexts["text"], candidates=candidates))
+    engine.scheduler.run_until_idle()
+    long_job = ScoreJob(long_context(tok, 160), candidates=candidates[:1])
+    submit(engine, long_job)
+    steps = 0
+    while not long_job.future.done():
+        submit(engine, ScoreJob(contexts["text"], candidates=candidates * 2))  # > 64 tokens each
+        engine.scheduler.step()
+        steps += 1
+        assert steps <= 160 // 8 + 4
+    engine.scheduler.run_until_idle()
+
+
+def test_decode_round_robin_past_the_sequence_budget(make_engine: Callable[..., TorchEngine],
+                                                     contexts: dict[str, Context]) -> None:
+    engine = make_engine(max_num_seqs=2)
+    params = GenerationParams(max_new_tokens=5, ignore_eos=True)
+    gens = [GenerateJob(contexts[w], params=params) for w in ("text", "image", "two_images", "text")]
+    submit(engine, *gens)
+    for _ in range(60):
+        if all(g.future.done() for g in gens):
+            break
+        engine.scheduler.step()
+    assert all(len(generation(g).token_ids) == 5 for g in gens)
+
+
+# ---------------------------------------------------------------- failures belong to one job
+
+
+def test_a_failing_forward_fails_its_job_alone(make_engine: Callable[..., TorchEngine], runner: Any,
+                                               contexts: dict[str, Context],
+                                               candidates: list[list[int]]) -> None:
+    engine = make_engine()
+    poison = [5, 6, 7, 8, 9]
+    tap = Tap(engine, poison=poison)
+    warm = [ScoreJob(contexts[w], candidates=candidates[:1]) for w in ("text", "image")]
+    submit(engine, *warm)
+    engine.scheduler.run_until_idle()
+    gen = GenerateJob(contexts["two_images"], params=GenerationParams(max_new_tokens=6, ignore_eos=True))
+    submit(engine, gen)
+    engine.scheduler.step()  # its prefill
+    bad = ScoreJob(contexts["text"], candidates=[candidates[1], poison])
+    good = ScoreJob(contexts["image"], candidates=candidates)
+    submit(engine, bad, good)
+    n = len(tap.forwards)
+    engine.scheduler.step()  # one forward: a decode step, good's candidates and bad's; then one by one
+    shared = tap.forwards[n]
+    assert any(c.ids == poison for c in shared) and len(shared) == 1 + len(candidates) + 2
+    assert len(tap.forwards) == n + 4
+    engine.scheduler.run_until_idle()
+    with pytest.raises(EngineError, match="poisoned"):
+        bad.future.result()
+    got = good.future.result()
+    assert isinstance(got, list) and max_diff(got, runner.naive_score(contexts["image"], candidates)) <= TOL
+    out = gen.future.result()
+    assert isinstance(out, Generation) and len(out.token_ids) == 6
+
+
+def test_a_bad_request_fails_before_any_work(make_engine: Callable[..., TorchEngine],
+                                             contexts: dict[str, Context],
+                                             candidates: list[list[int]]) -> None:
+    engine = make_engine()
+    tap = Tap(engine)
+    two = contexts["two_images"]
+    bad = ScoreJob(Context(two.token_ids, two.images[:1]), candidates=candidates)  # one image missing
+    good = ScoreJob(contexts["text"], candidates=candidates)
+    submit(engine, bad, good)
+    engine.scheduler.run_until_idle()
+    with pytest.raises(InvalidRequest, match="image"):
+        bad.future.result()
+    assert good.future.result() and len(tap.forwards) == 2  # prefill, then scoring: nothing for bad
+
+
+def test_a_failing_generation_step_fails_that_generation_only(
+        make_engine: Callable[..., TorchEngine], contexts: dict[str, Context]) -> None:
+    class Broken:
+        stop_ids = frozenset[int]()
+
+        def mask(self, logits: torch.Tensor) -> None:
+            raise RuntimeError("matcher crashed")
+
+    engine = make_engine()
+    params = GenerationParams(max_new_tokens=4, ignore_eos=True)
+    broken = GenerateJob(contexts["text"], params=params, grammar=Broken())  # type: ignore[arg-type]
+    fine = GenerateJob(contexts["text"], params=params)
+    submit(engine, broken, fine)
+    engine.scheduler.run_until_idle()
+    with pytest.raises(EngineError, match="matcher crashed"):
+        broken.future.result()
+    assert len(generation(fine).token_ids) == 4
+
+
+# ---------------------------------------------------------------- context limit
+
+
+async def test_context_too_long_is_refused_before_any_work(lm: LoadedModel, tok: Any,
+                                                           contexts: dict[str, Context],
+                                                           images: tuple[ImageRef, ...],
+                                                           candidates: list[list[int]]) -> None:
+    engine = TorchEngine(lm, EngineConfig(max_context=64))
+    try:
+        assert engine.runner.max_context == 64
+        with pytest.raises(ContextTooLong) as e:
+            await engine.score(long_context(tok, 80), candidates)
+        assert e.value.status_code == 400 and e.value.code == "context_too_long"
+        with pytest.raises(ContextTooLong):  # the context fits, the generation would not
+            await engine.generate(long_context(tok, 40), GenerationParams(max_new_tokens=30))
+        # few compact tokens, but the image expands to 35 pads: refused by the worker, unrun
+        assert lm.image_token_id is not None
+        ctx = Context((*tok.encode("Look:", add_special_tokens=False), lm.image_token_id,
+                       *tok.encode(" what is it?" * 6, add_special_tokens=False)), images[:1])
+        short = candidates[1:2]
+        assert len(ctx) + len(short[0]) <= 64 < len(expand(lm, ctx, ImageCache()).ids) + len(short[0])
+        with pytest.raises(ContextTooLong, match="images expanded"):
+            await engine.score(ctx, short)
+        assert engine.stats()["batches"] == 0
+        assert await engine.score(long_context(tok, 30), candidates[1:2])  # within the limit: served
+    finally:
+        engine.scheduler.close()
+
+
+def test_the_model_limit_is_the_default(lm: LoadedModel) -> None:
+    engine = TorchEngine(lm, start=False)
+    assert engine.runner.max_context == lm.max_positions == 32768
+    engine.scheduler.close()
+
+
+# ---------------------------------------------------------------- KV reserved for the candidates
+
+
+def test_first_scoring_of_a_fresh_context_copies_no_kv(make_engine: Callable[..., TorchEngine],
+                                                       contexts: dict[str, Context],
+                                                       candidates: list[list[int]]) -> None:
+    engine = make_engine()
+    job = ScoreJob(contexts["image"], candidates=candidates)
+    submit(engine, job)
+    engine.scheduler.step()  # prefill
+    assert job.prep is not None and job.prep.entry is not None
+    kv = job.prep.entry.kv
+    before = [k.data_ptr() for k in kv.keys]
+    assert kv.capacity >= kv.length + sum(len(c) for c in candidates)
+    engine.scheduler.run_until_idle()
+    assert job.future.result()
+    assert [k.data_ptr() for k in kv.keys] == before  # written in place: no reallocation, no copy
+
+
+# ---------------------------------------------------------------- a shared prefix is prefilled once
+
+
+def test_concurrent_contexts_share_a_long_prefix_once(make_engine: Callable[..., TorchEngine], tok: Any,
+                                                      runner: Any, candidates: list[list[int]]) -> None:
+    """Runs that start together with the same long system prompt: it is computed once."""
+    engine = make_engine(prefill_chunk_size=32, max_decode_slowdown=0)
+    tap = Tap(engine)
+    prompt = long_context(tok, 200).token_ids
+    ctxs = [Context(prompt + tuple(tok.encode(f" Question {i}: how tall is it?", add_special_tokens=False)))
+            for i in range(3)]
+    jobs = [ScoreJob(c, candidates=candidates[:2]) for c in ctxs]
+    submit(engine, *jobs)
+    engine.scheduler.run_until_idle()
+    for c, j in zip(ctxs, jobs, strict=True):
+        got = j.future.result()
+        assert isinstance(got, list) and max_diff(got, runner.naive_score(c, candidates[:2])) <= TOL
+    computed = sum(len(ch.ids) for f in tap.forwards for ch in f
+                   if len(ch.logits_rows) <= 1 and len(ch.ids) > 1)  # prefill chunks (not candidates)
+    tails = sum(len(c) - len(prompt) for c in ctxs[1:])
+    assert computed <= len(ctxs[0]) + tails  # not 3 x 200
+    for j in jobs[1:]:
+        got = j.future.result()
+        assert isinstance(got, list) and got[0].cached_tokens >= len(prompt)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16])
+def test_chunked_prefill_is_exact_across_images(chunk: int, runner: Any, contexts: dict[str, Context],
+                                                candidates: list[list[int]]) -> None:
+    """Chunks never split an image (one larger than the chunk goes whole) and the result equals the
+    naive forward, whatever the chunk size."""
+    ctx = contexts["two_images"]
+    p = runner.prepare(ctx, reserve=sum(len(c) for c in candidates))
+    sizes = []
+    while p.todo:
+        c = runner.prefill_chunk(p, chunk)
+        sizes.append(len(c.ids))
+        for s0, s1 in p.exp.image_spans:
+            assert not (p.reused < s0 < p.reused + len(c.ids) < s1)  # no image cut in two
+        runner.commit(p, c, runner.forward([c])[0])
+    assert max(sizes) > chunk and len(sizes) > 2  # the images went whole, the text in chunks
+    got = runner.score([(runner.finish_prefill(p), candidates)])[0]
+    assert max_diff(got, runner.naive_score(ctx, candidates)) <= TOL
+
+
+def test_a_waiting_context_goes_on_when_its_leader_is_cancelled(make_engine: Callable[..., TorchEngine],
+                                                                 tok: Any, runner: Any,
+                                                                 candidates: list[list[int]]) -> None:
+    engine = make_engine(max_num_batched_tokens=64, prefill_chunk_size=32, max_decode_slowdown=0)
+    prompt = long_context(tok, 200).token_ids
+    leader = ScoreJob(Context((*prompt, 5, 6)), candidates=candidates[:1])
+    follower = ScoreJob(Context((*prompt, 7, 8, 9)), candidates=candidates[:1])
+    submit(engine, leader, follower)
+    engine.scheduler.step()
+    assert engine.scheduler._prefills.jobs == [leader]  # the follower waits for the shared prefix
+    leader.cancelled = True
+    engine.scheduler.run_until_idle()
+    assert leader.future.cancelled()
+    got = follower.future.result()
+    assert isinstance(got, list) and max_diff(got, runner.naive_score(follower.ctx, candidates[:1])) <= TOL

@@ -1,0 +1,87 @@
+"""``ssr-server eval``: the random tiny model end to end; the summary is a recount of the records."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ssr_server.cli import app
+from ssr_server.eval.report import make_record, summarize
+from ssr_server.eval.runner import select_questions
+from ssr_server.world import load_questions
+
+
+@pytest.mark.parametrize("mode", ["ssr", "freeform"])
+def test_eval_of_the_random_tiny_model_runs_end_to_end(world_dir: Path, tmp_path: Path, tiny_model_dir: Path,
+                                                       mode: str) -> None:
+    out = tmp_path / "eval.json"
+    r = CliRunner().invoke(app, ["eval", "--world", str(world_dir), "--json", str(out), "--mode", mode,
+                                 "--split", "test", "--limit", "8", "--concurrency", "2", "--max-turns", "3",
+                                 "--reasoning-budget", "16"],
+                           env={**os.environ, "SSR_MODEL": str(tiny_model_dir), "SSR_TORCH_THREADS": "1"})
+    assert r.exit_code == 0, r.output
+    data = json.loads(out.read_text())
+    records = data["records"]
+    assert len(records) == 8 and data["settings"]["questions"] == 8
+    assert [rec["id"] for rec in records] == [q.id for q in select_questions(world_dir, "test", 8)]
+    assert data["summary"] == summarize(records)  # the summary is a recount of the records
+    for rec in records:
+        assert rec["outcome"] in {"answered", "max_turns", "error", "context_limit"}
+        assert 1 <= rec["turns"] <= 3 and len(rec["actions"]) == rec["turns"]
+        if mode == "ssr":
+            assert len(rec["move_correct"]) == rec["turns"] and all(rec["consistent"])
+        else:
+            assert rec["chosen"] == [None] * rec["turns"] and rec["move_correct"] == []
+    assert "overall" in r.output and "success" in r.output
+
+
+def test_summary_by_hand() -> None:
+    def rec(kind: str, correct: bool, chosen: list[str | None], gold: list[str], **kw: Any) -> dict[str, Any]:
+        actions = kw.pop("actions", ["answer"] * len(chosen))
+        return {"kind": kind, "correct": correct, "outcome": "answered" if correct else "max_turns",
+                "turns": len(chosen), "chosen": chosen, "actions": actions,
+                "move_correct": [i < len(gold) and c == gold[i] for i, c in enumerate(chosen)],
+                "action_correct": [True] * len(chosen), "consistent": [True] * len(chosen),
+                "reasoning_s": [0.01] * len(chosen), "action_s": [0.02] * len(chosen),
+                "model_s": 0.03 * len(chosen), "generated_tokens": 5 * len(chosen), **kw}
+
+    records = [rec("visual", True, ["a"], ["a"]), rec("visual", False, ["b", "b"], ["a"]),
+               rec("search", True, ["s", "l", "e"], ["s", "l", "e"])]
+    s = summarize(records)
+    assert list(s["kinds"]) == ["search", "visual"]
+    assert s["overall"]["success"] == pytest.approx(2 / 3)
+    assert s["kinds"]["visual"]["move_accuracy"] == pytest.approx(1 / 3)  # a; b, b vs a: 1 of 3 turns
+    assert s["overall"]["move_accuracy"] == pytest.approx(4 / 6)
+    assert s["overall"]["turns_mean"] == pytest.approx(2.0)
+    assert s["overall"]["candidate_mix"] == {"a": 1, "b": 2, "e": 1, "l": 1, "s": 1}
+    assert s["overall"]["reasoning_s"]["mean"] == pytest.approx(0.01)
+    assert s["overall"]["model_s"]["mean"] == pytest.approx(0.06)
+    assert s["overall"]["generated_tokens_mean"] == pytest.approx(10.0)
+
+
+def test_records_judge_answers_and_moves(world_dir: Path) -> None:
+    q = next(q for q in load_questions(world_dir / "questions.jsonl") if q.kind == "search")
+    turn = {"reasoning_s": 0.1, "action_s": 0.2, "reasoning_tokens": 0, "action_tokens": 4,
+            "scored_tokens": 60}
+    run = {"outcome": "answered", "answer": q.answer.upper() + ".", "error": None, "turns": [
+        {**turn, "candidate_id": "r_IDENTIFY_BY_IMAGE", "action_type": "image_search"},
+        {**turn, "candidate_id": "r_ANSWER_FROM_IMAGE", "action_type": "answer"}]}
+    actions = {"r_IDENTIFY_BY_IMAGE": "image_search", "r_ANSWER_FROM_IMAGE": "answer"}
+    r = make_record(q, run, None, actions)
+    assert r["correct"]  # normalised match: case and punctuation do not count
+    assert r["move_correct"] == [True, False] and r["action_correct"] == [True, False]
+    assert r["consistent"] == [True, True] and r["model_s"] == pytest.approx(0.6)
+    failed = make_record(q, None, "HTTP 500", actions)
+    assert not failed["correct"] and failed["outcome"] == "failed" and failed["error"] == "HTTP 500"
+
+
+def test_limit_covers_every_kind(world_dir: Path) -> None:
+    kinds = {q.kind for q in select_questions(world_dir, "test")}
+    picked = select_questions(world_dir, "test", limit=len(kinds))
+    assert {q.kind for q in picked} == kinds and len(kinds) >= 5
+    assert select_questions(world_dir, "test", limit=10**6) == select_questions(world_dir, "test")

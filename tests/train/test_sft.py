@@ -1,0 +1,91 @@
+"""``ssr-server train sft``: a short real run whose loss falls, resumable, loadable by every engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from ssr_server.train.data import Collator, assistant_mask, shared_prefix, token_logits
+from ssr_server.train.sft import SFTConfig, train_sft
+
+
+def test_assistant_mask_covers_assistant_turns_only() -> None:
+    ids = [1, 9, 9, 5, 6, 7, 2, 3, 1, 9, 9, 8, 2]  # 1 9 9: "<|im_start|>assistant\n", 2: "<|im_end|>"
+    want = (False, False, False, True, True, True, True, False, False, False, False, True, True)
+    assert assistant_mask(ids, [1, 9, 9], 2) == want
+    assert assistant_mask([4, 5, 6], [1, 9, 9], 2) == (False,) * 3
+
+
+def test_shared_prefix_stops_before_images_differences_and_predictions() -> None:
+    a, b = [1, 2, 3, 4, 5, 6], [1, 2, 3, 9, 9, 9]
+    no = (False,) * 6
+    assert shared_prefix([a, b], [no, no], image_token=99) == 3
+    assert shared_prefix([a, a], [no, (False, False, True, True, False, False)], 99) == 1  # before q - 1 = 1
+    assert shared_prefix([[1, 99, 3, 4], [1, 99, 3, 5]], [no[:4], no[:4]], 99) == 1  # never an image
+    assert shared_prefix([a], [no], 99) == 5  # the rest keeps a token
+
+
+def test_the_shared_prefix_batch_equals_full_forwards(world_dir: Path, tiny_model_dir: Path) -> None:
+    """The training loss with the system prompt run once per batch is the loss of B full forwards."""
+    from transformers import AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
+
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.setup import oracle_examples
+    from ssr_server.world import load_questions
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(tiny_model_dir).eval()
+    qs = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"]
+    picked = [next(q for q in qs if q.kind == k) for k in ("search", "visual", "detail", "knowledge")]
+    examples, dropped = asyncio.run(oracle_examples(world_dir, picked, tok, get_format(),
+                                                    LibraryRegistry().get("default"), "ssr", progress=False))
+    assert dropped == 0 and len(examples) == 4
+    collate = Collator(model, AutoImageProcessor.from_pretrained(tiny_model_dir, backend="pil"), 0)
+    batch = collate(examples)
+    assert batch.prefix.shape[1] > 300  # the system prompt, shared
+    with torch.no_grad():
+        loss = torch.nn.functional.cross_entropy(token_logits(model, batch), batch.targets, reduction="sum")
+        want, n = 0.0, 0
+        for ex in examples:
+            ids, mask, pixels, grids = collate.expand(ex)
+            full = torch.tensor([ids])
+            logits = model(input_ids=full, pixel_values=torch.cat(pixels), image_grid_thw=torch.cat(grids),
+                           mm_token_type_ids=(full == model.config.image_token_id).int()).logits[0].float()
+            q = torch.tensor([i for i in range(1, len(ids)) if mask[i]])
+            want += float(torch.nn.functional.cross_entropy(logits[q - 1], full[0, q], reduction="sum"))
+            n += len(q)
+    assert batch.predicted == n
+    assert float(loss) == pytest.approx(want, rel=1e-4)
+
+
+@pytest.mark.slow
+def test_a_short_sft_run_learns_and_resumes(world_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    cfg = SFTConfig(world=world_dir, out=out, init="64x2", steps=24, batch_size=4, lr=3e-3, warmup=4,
+                    limit=48, save_every=12, log_every=1, threads=1)
+    first = train_sft(cfg, progress=False)
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == list(range(1, 25))
+    early = sum(r["loss"] for r in log[:4]) / 4
+    late = sum(r["loss"] for r in log[-4:]) / 4
+    assert late < early - 0.5, (early, late)  # it learns (a fall, not a time)
+    assert first["steps"] == 24 and first["dropped_trajectories"] == 0
+    card = (out / "README.md").read_text()
+    assert "ssr-server" in card and "## Reproduce" in card
+    # resuming: a longer schedule continues from the last checkpoint, not from step 0
+    train_sft(SFTConfig(**{**cfg.__dict__, "steps": 30}), progress=False)
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log][24:] == list(range(25, 31))
+    # the result loads where it will be served: transformers and the embedded engine
+    from transformers import AutoModelForImageTextToText
+
+    from ssr_server.engine.torch.engine import TorchEngine
+
+    AutoModelForImageTextToText.from_pretrained(out)
+    engine = TorchEngine(str(out))
+    asyncio.run(engine.close())

@@ -1,0 +1,51 @@
+"""The demo world: the small fixed preset, reused when current, with its headline question."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ssr_server.engine.base import ImageRef
+from ssr_server.tools.registry import build_registry
+from ssr_server.world import (
+    demo_documents,
+    demo_entities,
+    demo_picture,
+    demo_questions,
+    demo_world,
+    showcase_question,
+)
+from ssr_server.world.demo import DEMO_ENTITIES
+from ssr_server.world.records import FROM_EVIDENCE, IDENTIFY, LOOKUP
+
+
+async def test_demo_world_builds_once_and_serves_its_showcase(tmp_path: Path) -> None:
+    world = demo_world(tmp_path / "demo")
+    stamp = world.image_index_path.stat().st_mtime_ns
+    assert demo_world(tmp_path / "demo").image_index_path.stat().st_mtime_ns == stamp  # reused, not rebuilt
+    questions = demo_questions(world)
+    entities = demo_entities()
+    assert len([e for e in entities if not e.knowledge]) == DEMO_ENTITIES
+    assert {q.entity_id for q in questions} <= {e.id for e in entities}
+    q = showcase_question(questions)
+    assert [m.move for m in q.moves] == [IDENTIFY, LOOKUP, FROM_EVIDENCE]
+    assert q.entity not in q.question
+    registry = build_registry(corpus_path=world.corpus_path, image_index_dir=world.image_dir)
+    assert set(registry.names) == {"zoom", "text_search", "image_search"}
+    image_index = registry.get("image_search").backend  # type: ignore[union-attr]
+    hits = await image_index.search(ImageRef.from_pil(world.question_image(q)), 3)
+    assert hits[0].title == q.entity
+    text = registry.get("text_search").backend  # type: ignore[union-attr]
+    found = await text.search(q.moves[1].query, 5)
+    assert any(q.answer in h.text for h in found)
+    assert world.picture(q.entity_id).tobytes() == demo_picture(q.entity_id).tobytes()
+    assert world.corpus_path.read_text().splitlines() == [json.dumps(d, ensure_ascii=False)
+                                                           for d in demo_documents()]
+
+
+def test_forced_rebuild_rewrites_the_same_bytes(tmp_path: Path) -> None:
+    world = demo_world(tmp_path / "demo")
+    before = world.questions_path.read_bytes(), world.image_index_path.read_bytes()
+    world.questions_path.write_text("stale")
+    again = demo_world(tmp_path / "demo", force=True)
+    assert (again.questions_path.read_bytes(), again.image_index_path.read_bytes()) == before

@@ -1,0 +1,83 @@
+"""Pictures: deterministic, everything asked about inside the band views never crop, zoom boxes on the
+plaque."""
+
+from __future__ import annotations
+
+import io
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ssr_server.tools.zoom import output_size, pixel_box
+from ssr_server.world import Question
+from ssr_server.world.categories import MOTIFS
+from ssr_server.world.closed_sets import CHARS, COLOURS, SHAPES
+from ssr_server.world.entities import Look
+from ssr_server.world.picture import PICTURE_SIZE, draw_canvas
+from ssr_server.world.scene import MARGIN, H, Sign, W
+from ssr_server.world.views import MAX_CROP, make_view, zoom_box
+
+
+def _looks(motif: str, n: int = 12) -> list[Look]:
+    rng = random.Random(motif)
+    return [Look(motif, rng.choice(sorted(COLOURS)), rng.randint(MOTIFS[motif].min_count, 6),
+                 Sign("shape", rng.choice(SHAPES)) if k % 2 else Sign("char", rng.choice(CHARS)),
+                 rng.choice(CHARS), rng.getrandbits(63)) for k in range(n)]
+
+
+def _inside(box: tuple[int, int, int, int]) -> bool:
+    x_ok = box[0] >= MARGIN and box[2] <= W - MARGIN
+    return x_ok and box[1] > H * MAX_CROP and box[3] < H * (1 - MAX_CROP)
+
+
+@pytest.mark.parametrize("motif", sorted(MOTIFS))
+def test_sign_and_plaque_stay_clear_of_the_cropped_border(motif: str) -> None:
+    for look in _looks(motif):
+        canvas = draw_canvas(look)
+        assert _inside(canvas.sign_box) and _inside(canvas.plaque_box), (look, canvas)
+        s, p = canvas.sign_box, canvas.plaque_box
+        assert s[2] <= p[0] or p[2] <= s[0] or s[3] <= p[1] or p[3] <= s[1]  # they never overlap
+
+
+def test_drawing_is_deterministic_and_looks_differ() -> None:
+    look = _looks("bridge", 2)
+    a, b = draw_canvas(look[0]).image, draw_canvas(look[0]).image
+    assert a.size == (W, H) and a.tobytes() == b.tobytes()
+    assert draw_canvas(look[1]).image.tobytes() != a.tobytes()
+    view = make_view(a.reduce(2), 7)
+    assert view.jpeg == make_view(a.reduce(2), 7).jpeg != make_view(a.reduce(2), 8).jpeg
+    with Image.open(io.BytesIO(view.jpeg)) as img:
+        assert img.size == PICTURE_SIZE
+
+
+def test_zoom_box_frames_the_plaque() -> None:
+    for motif in sorted(MOTIFS):
+        for look in _looks(motif, 3):
+            canvas = draw_canvas(look)
+            view = make_view(canvas.image.reduce(2), look.scene_seed)
+            x1, y1, x2, y2 = zoom_box(view.crop, canvas.plaque_box)
+            cl, ct, cr, cb = view.crop
+            px1, py1, px2, py2 = canvas.plaque_box
+            rel = ((px1 - cl) * 1000 / (cr - cl), (py1 - ct) * 1000 / (cb - ct),
+                   (px2 - cl) * 1000 / (cr - cl), (py2 - ct) * 1000 / (cb - ct))
+            assert x1 <= rel[0] < rel[2] <= x2 and y1 <= rel[1] < rel[3] <= y2
+            area = (rel[2] - rel[0]) * (rel[3] - rel[1]) / ((x2 - x1) * (y2 - y1))
+            assert area > 0.25  # the plaque fills a good part of the zoomed crop
+
+
+def test_zoomed_crops_of_detail_questions_show_the_plaque(world_root: Path,
+                                                          questions: list[Question]) -> None:
+    """The centre of the gold crop is the plaque's pale card with a dark character on it."""
+    for q in questions:
+        if q.kind != "detail":
+            continue
+        with Image.open(world_root / q.image) as img:
+            crop = img.convert("RGB").crop(pixel_box(tuple(q.moves[0].box), img.width, img.height))  # type: ignore[arg-type]
+        crop = crop.resize(output_size(crop.width, crop.height, 224, 1024))
+        grey = np.asarray(crop.convert("L"), dtype=np.float32)
+        h, w = grey.shape
+        centre = grey[h // 4: 3 * h // 4, w // 4: 3 * w // 4]
+        assert np.median(centre) > 170 and centre.min() < 90, q.id
