@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: set up, start the agent server on the embedded default (offline tiny Qwen3-VL, built
-# on first use), wait until it is ready, and ask it one question about a demo-world image.
+# The main job: set up, start the agent server on the embedded default (the shipped trained model),
+# wait until it is ready, and ask it the demo world's headline question about its picture.
 # The server keeps serving afterwards (Ctrl-C stops it); DEMO_ONCE=1 stops it after the answer and exits
 # 0 when the run answered, non-zero when anything failed (set-up, start-up, the request, no answer).
 set -euo pipefail
@@ -27,17 +27,24 @@ done
 # The demo world's headline question: a landmark's height from its picture alone (image search, then
 # text search). The server serves the same preset of the benchmark world.
 IMG=$(mktemp --suffix=.jpg)
-QUESTION=$(.venv/bin/python - "$IMG" <<'PY'
+GOLD=$(mktemp)
+QUESTION=$(.venv/bin/python - "$IMG" "$GOLD" <<'PY'
 import shutil, sys, tempfile
 from ssr_server.world import demo_questions, demo_world, showcase_question
 world = demo_world(tempfile.mkdtemp(prefix="ssr-demo-"))
 question = showcase_question(demo_questions(world))
 shutil.copy(world.root / question.image, sys.argv[1])
+with open(sys.argv[2], "w") as f:
+    f.write("".join(a + "\n" for a in [question.answer, *question.aliases]))
 print(question.question)
 PY
 )
+GOLD_ARGS=()
+while IFS= read -r answer; do GOLD_ARGS+=(--gold "$answer"); done < "$GOLD"
 echo "demo: asking $URL \"$QUESTION\" about $IMG" >&2
-.venv/bin/ssr-server ask --server "$URL" --image "$IMG" --question "$QUESTION" --max-turns 4 --expect-answer
+.venv/bin/ssr-server ask --server "$URL" --image "$IMG" --question "$QUESTION" --max-turns 4 --expect-answer \
+  "${GOLD_ARGS[@]}" ${DEMO_EXPECT_CORRECT:+--expect-correct}
+rm -f "$GOLD"
 rm -f "$IMG"
 if [ "${DEMO_ONCE:-0}" = "1" ]; then exit 0; fi
 echo "demo: serving on $URL (Ctrl-C to stop). Try: curl -s $URL/v1/libraries" >&2

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
+MODEL_HELP = "model dir or hub id (default: the shipped trained model; tiny-random: the random tiny one)"
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Inference server for small multimodal search agents that reason by selection.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print figures measured side by side.")
@@ -25,7 +26,7 @@ def _settings(**overrides: Any) -> Any:
 @app.command()
 def serve(
     engine: Annotated[str | None, typer.Option(help="torch (embedded) or sglang")] = None,
-    model: Annotated[str | None, typer.Option(help="model dir or hub id (default: offline tiny)")] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     host: Annotated[str | None, typer.Option()] = None,
     port: Annotated[int | None, typer.Option()] = None,
     dtype: Annotated[str | None, typer.Option(help="fp32 | bf16 | fp16")] = None,
@@ -75,7 +76,7 @@ def _print_run(run: dict[str, Any]) -> None:
 def ask(
     question: Annotated[str, typer.Option(help="the question")],
     image: Annotated[list[Path] | None, typer.Option(help="image file (repeatable)")] = None,
-    model: Annotated[str | None, typer.Option(help="model dir or hub id (default: offline tiny)")] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     server: Annotated[str | None, typer.Option(help="ask a running server instead (URL)")] = None,
     mode: Annotated[str, typer.Option(help="ssr | freeform")] = "ssr",
     library: Annotated[str, typer.Option()] = "default",
@@ -85,6 +86,10 @@ def ask(
     as_json: Annotated[bool, typer.Option("--json", help="print the whole run as JSON")] = False,
     api_key: Annotated[str | None, typer.Option(envvar="SSR_API_KEY")] = None,
     expect_answer: Annotated[bool, typer.Option(help="exit 2 unless the run ends with an answer")] = False,
+    gold: Annotated[list[str] | None, typer.Option(
+        help="the right answer (repeatable: aliases); prints whether the run's answer matches it")] = None,
+    expect_correct: Annotated[bool, typer.Option(
+        help="with --gold: exit 3 unless the answer is right")] = False,
 ) -> None:
     """One run from the command line, in process or against a server."""
     import base64
@@ -110,6 +115,13 @@ def ask(
     if expect_answer and run["outcome"] != "answered":
         typer.echo(f"the run ended without an answer (outcome {run['outcome']})", err=True)
         raise typer.Exit(2)
+    if gold:
+        from ssr_server.world import is_correct
+
+        right = run["answer"] is not None and is_correct(run["answer"], gold[0], gold[1:])
+        print(f"correct: {'yes' if right else 'no'} (the right answer: {gold[0]})")
+        if expect_correct and not right:
+            raise typer.Exit(3)
 
 
 async def _ask_local(question: str, images: list[bytes], model: str | None, mode: str, library: str,
@@ -311,7 +323,7 @@ def infer(
     num_samples: Annotated[int, typer.Option(min=1, help="runs per example")] = 1,
     seed: Annotated[int, typer.Option(help="selection seed of the first sample")] = 42,
     profiling: Annotated[bool, typer.Option(help="print the latency summary")] = False,
-    model: Annotated[str | None, typer.Option(help="model dir or hub id (default: offline tiny)")] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     server: Annotated[str | None, typer.Option(help="run against a running server (URL) instead")] = None,
     world: Annotated[Path | None, typer.Option(help="tools over a `world build` folder (in process)")] = None,
     mode: Annotated[str, typer.Option(help="ssr | freeform")] = "ssr",
@@ -481,6 +493,31 @@ def train_sft_command(
                                   label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
                                   threads=threads))
+    typer.echo(json.dumps(figures, indent=1, default=str))
+    typer.echo(f"model written to {out}")
+
+
+@train_app.command("pretrain")
+def train_pretrain_command(
+    world: Annotated[Path, typer.Option(help="a `world build` folder")],
+    out: Annotated[Path, typer.Option(help="where the model goes")],
+    init: Annotated[str, typer.Option(help="the shape HxL[-tied] of the fresh model")] = "128x4-tied",
+    steps: Annotated[int, typer.Option(min=1)] = 1000,
+    batch_size: Annotated[int, typer.Option(min=1)] = 16,
+    seq_len: Annotated[int, typer.Option(min=8, help="tokens per row")] = 384,
+    lr: Annotated[float, typer.Option()] = 3e-3,
+    seed: Annotated[int, typer.Option()] = 0,
+    max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 10.0,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
+    rename: Annotated[bool, typer.Option(help="a fresh invented name per entity group")] = True,
+    questions: Annotated[bool, typer.Option(help="named questions + answers after each group")] = True,
+) -> None:
+    """Next-token pretraining of a fresh model on the training entities' corpus (the base for SFT)."""
+    from ssr_server.train.pretrain import PretrainConfig, train_pretrain
+
+    figures = train_pretrain(PretrainConfig(
+        world=world, out=out, init=init, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
+        seed=seed, max_minutes=max_minutes, threads=threads, rename=rename, questions=questions))
     typer.echo(json.dumps(figures, indent=1, default=str))
     typer.echo(f"model written to {out}")
 

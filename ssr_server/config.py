@@ -15,7 +15,8 @@ class Settings(BaseSettings):
 
     # engine
     engine: Literal["torch", "sglang"] = "torch"
-    model: str | None = Field(None, description="local dir or hub id; unset = the offline tiny Qwen3-VL")
+    model: str | None = Field(None, description="local dir or hub id; unset = the shipped trained model; "
+                                "tiny-random = the random tiny Qwen3-VL")
     dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     device: str = "cpu"
     torch_threads: int | None = None

@@ -98,12 +98,15 @@ class ChatRenderer:
             parts.append(self.format.assistant_start())
         return Context(self.encode_with_images("".join(parts), images, 1), tuple(images))
 
-    def _content(self, content: Sequence[str | ImageRef], images: list[ImageRef]) -> str:
+    def _content(self, content: Sequence[str | ImageRef], images: list[ImageRef], user: bool = False) -> str:
+        """Text escaped, images as placeholders (in a user message, as the format writes a question's
+        images: ``"\n[IMAGE n]"``, so that ``[text, image]`` renders exactly like the agent's question)."""
         out = []
         for piece in content:
             if isinstance(piece, ImageRef):
                 images.append(piece)
-                out.append(self.format.image_placeholder(len(images)))
+                placeholder = self.format.image_placeholder(len(images))
+                out.append(self.format.user.image.format(placeholder=placeholder) if user else placeholder)
             else:
                 out.append(self.escape(piece))
         return "".join(out)
@@ -114,7 +117,7 @@ class ChatRenderer:
             body = fmt.tool_response.open + self._content(m.content, images) + fmt.tool_response.close
             return fmt.message("user", body)
         if m.role != "assistant":  # a client's system message is external text too
-            return fmt.message(m.role, self._content(m.content, images))
+            return fmt.message(m.role, self._content(m.content, images, user=m.role == "user"))
         text = fmt.reasoning.candidate.format(text=self.escape(m.reasoning)) if m.reasoning else ""
         for call in m.tool_calls:
             action = fmt.tool_action(call.name)

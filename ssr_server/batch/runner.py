@@ -22,6 +22,7 @@ from ssr_server.agent.loop import Agent, RunOptions
 from ssr_server.api.images import ImageLimits, decode_image_bytes
 from ssr_server.engine.base import ImageRef
 from ssr_server.errors import SSRError
+from ssr_server.progress import progress_bar
 
 
 @dataclass(frozen=True)
@@ -101,13 +102,12 @@ async def run_jobs(jobs: Sequence[Job], runner: Runner, concurrency: int = 1, *,
                    on_result: Callable[[Result], Awaitable[None] | None] | None = None,
                    description: str = "runs") -> list[Result]:
     """Every job through ``runner``, at most ``concurrency`` at a time; results in job order."""
-    from tqdm import tqdm
 
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     gate = asyncio.Semaphore(concurrency)
     results: list[Result | None] = [None] * len(jobs)
-    bar = tqdm(total=len(jobs), desc=description, unit="run", disable=not progress)
+    bar = progress_bar(total=len(jobs), desc=description, unit="run", disable=not progress)
 
     async def one(i: int, job: Job) -> None:
         async with gate:
@@ -119,7 +119,8 @@ async def run_jobs(jobs: Sequence[Job], runner: Runner, concurrency: int = 1, *,
                 await out
         bar.update(1)
         answered = sum(1 for r in results if r is not None and r.run and r.run["outcome"] == "answered")
-        bar.set_postfix(answered=answered, failed=sum(1 for r in results if r is not None and r.error))
+        bar.set_postfix(answered=answered, failed=sum(1 for r in results if r is not None and r.error),
+                        refresh=False)
 
     try:
         await asyncio.gather(*(one(i, j) for i, j in enumerate(jobs)))

@@ -7,14 +7,18 @@ from pathlib import Path
 from ssr_server.config import Settings
 from ssr_server.engine.base import Engine
 from ssr_server.engine.tiny import default_tiny_dir, ensure_tiny_model
+from ssr_server.models import RANDOM_MODEL, default_model_dir
 
 
 def resolve_model(settings: Settings) -> str:
-    """The model to load: the configured one, or the offline tiny model (built on first use)."""
+    """The model to load: the configured one; unset, the shipped trained default; ``tiny-random``, the
+    random tiny model (built on first use into the cache)."""
+    if settings.model == RANDOM_MODEL:
+        target = Path(settings.cache_dir) / "tiny-qwen3-vl" if settings.cache_dir else default_tiny_dir()
+        return str(ensure_tiny_model(target))
     if settings.model:
         return settings.model
-    target = Path(settings.cache_dir) / "tiny-qwen3-vl" if settings.cache_dir else default_tiny_dir()
-    return str(ensure_tiny_model(target))
+    return str(default_model_dir())
 
 
 def build_engine(settings: Settings) -> Engine:

@@ -25,6 +25,11 @@ from typing import Any, Literal
 Vocab = Literal["trained", "qwen"]
 
 # Qwen's pre-tokenizer split (single digits, as Qwen2/Qwen3 use).
+# Words kept apart from the space or punctuation before them (a space is a token of its own): a name is
+# then the same tokens wherever it appears. Qwen's pattern glues one leading non-letter to a word, so
+# " Neirnel" (evidence), "Neirnel" (an answer) and '"Neirnel' (a query) are three different token
+# sequences, and copying a name from a search result needs spelling knowledge a small model lacks.
+WORDS_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|\p{L}+|\p{N}|[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 QWEN_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
     r"|\s+(?!\S)|\s+"
@@ -90,15 +95,18 @@ class TinyShape:
     vision_heads: int = 2
     vision_intermediate_size: int = 128
     trained_vocab_size: int = 2048
+    tie_embeddings: bool = False  # share the input embedding with the output head (Qwen3-VL-2B/4B do)
 
     @classmethod
     def parse(cls, spec: str) -> TinyShape:
         """``"HxL"``: hidden size H, L layers, heads of 32 dims (half as many KV heads), MLP 3H; the
-        vision tower grows with H up to 128 wide (2 layers). ``"tiny"`` is the default shape."""
+        vision tower grows with H up to 128 wide (2 layers). A ``-tied`` suffix ties the output head to
+        the input embedding. ``"tiny"`` is the default shape."""
         if spec == "tiny":
             return cls()
+        tied = spec.lower().endswith("-tied")
         try:
-            hidden, layers = (int(x) for x in spec.lower().split("x"))
+            hidden, layers = (int(x) for x in spec.lower().removesuffix("-tied").split("x"))
         except ValueError:
             raise ValueError(f"shape {spec!r}: expected HIDDENxLAYERS such as 256x4, or tiny") from None
         if hidden % 64 or not 1 <= layers <= 48 or not 64 <= hidden <= 4096:
@@ -108,7 +116,7 @@ class TinyShape:
         return cls(hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
                    num_attention_heads=heads, num_key_value_heads=max(1, heads // 2),
                    vision_hidden_size=vision, vision_heads=max(2, vision // 32),
-                   vision_intermediate_size=2 * vision, trained_vocab_size=4096)
+                   vision_intermediate_size=2 * vision, trained_vocab_size=4096, tie_embeddings=tied)
 
 
 def _load_tiktoken_ranks(path: Path) -> dict[bytes, int]:
@@ -135,13 +143,14 @@ def _qwen_bpe_tokenizer() -> object:
     return _Converter(vocab_file=str(path), pattern=QWEN_PATTERN).converted()
 
 
-def _trained_bpe_tokenizer(vocab_size: int, corpus: Iterable[str] | None = None) -> object:
+def _trained_bpe_tokenizer(vocab_size: int, corpus: Iterable[str] | None = None,
+                           pattern: str = QWEN_PATTERN) -> object:
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
+        pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -155,14 +164,16 @@ def _trained_bpe_tokenizer(vocab_size: int, corpus: Iterable[str] | None = None)
 
 
 def build_tokenizer(vocab: Vocab, shape: TinyShape = TinyShape(),
-                    corpus: Iterable[str] | None = None) -> object:
+                    corpus: Iterable[str] | None = None, words_apart: bool = False) -> object:
     """A PreTrainedTokenizerFast with Qwen's special tokens and our chat template. ``trained`` learns a
-    byte-level BPE of ``shape.trained_vocab_size`` on ``corpus`` (default: a small built-in text)."""
+    byte-level BPE of ``shape.trained_vocab_size`` on ``corpus`` (default: a small built-in text),
+    pre-tokenised like Qwen, or with ``words_apart`` by ``WORDS_PATTERN`` (the models we train)."""
     from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
     base = (_qwen_bpe_tokenizer() if vocab == "qwen"
-            else _trained_bpe_tokenizer(shape.trained_vocab_size, corpus))
+            else _trained_bpe_tokenizer(shape.trained_vocab_size, corpus,
+                                        WORDS_PATTERN if words_apart else QWEN_PATTERN))
     assert isinstance(base, Tokenizer)  # internal invariant, not user input
     base.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     base.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
@@ -189,7 +200,8 @@ def make_config(tok: Any, shape: TinyShape) -> Any:
             "intermediate_size": shape.intermediate_size, "num_hidden_layers": shape.num_hidden_layers,
             "num_attention_heads": shape.num_attention_heads,
             "num_key_value_heads": shape.num_key_value_heads, "head_dim": shape.head_dim,
-            "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+            "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": shape.tie_embeddings,
             "rope_parameters": {
                 "rope_type": "default", "rope_theta": 5_000_000.0,
                 "mrope_section": list(shape.mrope_section), "mrope_interleaved": True,
@@ -206,7 +218,7 @@ def make_config(tok: Any, shape: TinyShape) -> Any:
         },
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
+        tie_word_embeddings=shape.tie_embeddings,
     )
     config.eos_token_id = ids["<|im_end|>"]
     return config

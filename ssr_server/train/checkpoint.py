@@ -30,6 +30,20 @@ def command_line() -> str:
                      *(shlex.quote(a) for a in sys.argv[1:])])
 
 
+def reproduce(world: Path, init: str | Path) -> list[str]:
+    """Every command that made the model being trained, in order: the world's build (or the commands of
+    the model it starts from, kept in that model's ``ssr_tiny.json``), then the running one."""
+    made = Path(init) / "ssr_tiny.json"
+    if made.is_file():
+        prior = [str(c) for c in json.loads(made.read_text()).get("commands", [])]
+    else:
+        manifest = world / "manifest.json"
+        info = json.loads(manifest.read_text()) if manifest.is_file() else {}
+        prior = [f"ssr-server world build {world} --entities {info['entities']} --seed {info['seed']}"] \
+            if "entities" in info and "seed" in info else []
+    return [*prior, command_line()]
+
+
 def save_checkpoint(out: Path, model: Any, tok: Any, optimizer: torch.optim.Optimizer, step: int,
                     meta: dict[str, Any], keep: int = 2) -> Path:
     folder = out / "checkpoints" / f"step-{step:06d}"

@@ -13,6 +13,7 @@ prefix from every example), at about a third of the tokens (``tests/train`` chec
 
 from __future__ import annotations
 
+import array
 import io
 import random
 from collections import OrderedDict
@@ -33,6 +34,16 @@ class Example:
     ids: tuple[int, ...]  # compact context ids: one image pad per image
     mask: tuple[bool, ...]  # True: an assistant token (predicted, with loss)
     images: tuple[bytes, ...]  # PNG bytes, in context order
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled compactly (the example cache): ids as int32 bytes, the mask as bytes; a pickled tuple
+        # of Python ints costs ~10x more.
+        ids = array.array("i", self.ids).tobytes()
+        return (_unpack_example, (self.key, self.kind, ids, bytes(self.mask), self.images))
+
+
+def _unpack_example(key: str, kind: str, ids: bytes, mask: bytes, images: tuple[bytes, ...]) -> Example:
+    return Example(key, kind, tuple(array.array("i", ids)), tuple(bool(m) for m in mask), images)
 
 
 def assistant_mask(ids: Sequence[int], open_ids: Sequence[int], close_id: int) -> tuple[bool, ...]:
@@ -214,10 +225,11 @@ def token_logits(model: Any, batch: Batch) -> torch.Tensor:
 
 
 def batches(examples: Sequence[Example], batch_size: int, rng: random.Random) -> list[list[Example]]:
-    """One epoch: shuffled, then batched by similar length (less padding), batch order shuffled."""
+    """One epoch: shuffled, then batched by similar length within chunks of 64 batches (98% of the
+    computed rest tokens are real, against 86% with chunks of 8), batch order shuffled."""
     order = list(examples)
     rng.shuffle(order)
-    chunks = [order[i : i + batch_size * 8] for i in range(0, len(order), batch_size * 8)]
+    chunks = [order[i : i + batch_size * 64] for i in range(0, len(order), batch_size * 64)]
     out: list[list[Example]] = []
     for chunk in chunks:
         chunk.sort(key=lambda e: len(e.ids) + 40 * len(e.images))

@@ -19,6 +19,7 @@ import json
 import random
 import tempfile
 import time
+import zlib
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,7 +32,8 @@ from ssr_server.engine.tiny import save_model, write_processor_config
 from ssr_server.eval.trajectories import question_image, world_tools
 from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
-from ssr_server.train.checkpoint import command_line, latest_checkpoint, resume, save_checkpoint, write_card
+from ssr_server.progress import progress_bar
+from ssr_server.train.checkpoint import latest_checkpoint, reproduce, resume, save_checkpoint, write_card
 from ssr_server.train.data import Collator, Example, png
 from ssr_server.train.objective import (
     RatioLevel,
@@ -92,9 +94,10 @@ async def collect(cfg: GRPOConfig, policy: Path, questions: list[Question], seed
 
     async def one(q: Question, g: int) -> Rollout | None:
         async with gate:
+            # crc32, not hash(): str hashes differ per process, and a seeded run must repeat.
+            run_seed = seed * 1_000_003 + zlib.crc32(q.id.encode()) % 100_003 * 31 + g
             run, ctx = await agent.run_with_context(
-                q.question, [question_image(cfg.world, q)],
-                dataclasses.replace(options, seed=seed * 1_000_003 + hash(q.id) % 100_003 * 31 + g))
+                q.question, [question_image(cfg.world, q)], dataclasses.replace(options, seed=run_seed))
         correct = run.outcome == "answered" and is_correct(run.answer or "", q.answer, q.aliases)
         turns = tuple(TurnRecord(t.reasoning_span, t.action_span,
                                  library.ids.index(t.candidate_id) if t.candidate_id else None,
@@ -154,7 +157,6 @@ def rollout_loss(cfg: GRPOConfig, new: PolicyTerms, old: PolicyTerms, ref: Polic
 
 
 def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
-    from tqdm import tqdm
     from transformers import AutoImageProcessor
 
     started = time.perf_counter()
@@ -175,7 +177,8 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     collator = Collator(model, processor, tok.pad_token_id or 0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
     config = {k: str(v) for k, v in asdict(cfg).items()}
-    meta: dict[str, Any] = {"config": config, "command": command_line()}
+    commands = reproduce(cfg.world, cfg.init)
+    meta: dict[str, Any] = {"config": config, "command": "\n".join(commands), "commands": commands}
     iteration = 0
     ckpt = latest_checkpoint(cfg.out)
     if ckpt is not None:
@@ -183,7 +186,7 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     log_path = cfg.out / "train_log.jsonl"
     history: list[dict[str, Any]] = []
     train_reasoning = cfg.format == "freeform"
-    bar = tqdm(total=cfg.iterations, initial=iteration, desc=f"grpo {cfg.format}", unit="iter",
+    bar = progress_bar(total=cfg.iterations, initial=iteration, desc=f"grpo {cfg.format}", unit="iter",
                disable=not progress)
     with tempfile.TemporaryDirectory(prefix="ssr-grpo-policy-") as tmp:
         while iteration < cfg.iterations and (time.perf_counter() - started) / 60 < cfg.max_minutes:
@@ -232,11 +235,12 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             with log_path.open("a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
             bar.update(1)
-            bar.set_postfix(success=f"{record['success']:.2f}", reward=f"{record['reward_mean']:.2f}")
+            bar.set_postfix(success=f"{record['success']:.2f}", reward=f"{record['reward_mean']:.2f}",
+                            refresh=False)
             save_checkpoint(cfg.out, model, tok, optimizer, iteration, meta)
     bar.close()
     model.eval()
-    save_model(model, tok, cfg.out, {"trained": "grpo", **config})
+    save_model(model, tok, cfg.out, {"trained": "grpo", **config, "commands": commands})
     figures = {"iterations": iteration, "minutes": (time.perf_counter() - started) / 60,
                "first_success": history[0]["success"] if history else None,
                "last_success": history[-1]["success"] if history else None}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -23,8 +22,10 @@ import torch
 from ssr_server.engine.tiny import save_model, write_processor_config
 from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
-from ssr_server.train.checkpoint import command_line, latest_checkpoint, resume, save_checkpoint, write_card
+from ssr_server.progress import progress_bar
+from ssr_server.train.checkpoint import latest_checkpoint, reproduce, resume, save_checkpoint, write_card
 from ssr_server.train.data import Collator, batches, token_logits
+from ssr_server.train.schedule import cosine_lr
 from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions
 from ssr_server.world.records import load_questions
 
@@ -51,18 +52,15 @@ class SFTConfig:
     save_every: int = 250
     log_every: int = 10
     threads: int | None = None
+    cache_examples: bool = True  # keep the replayed trajectories under world/.cache (5 min per 18k)
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    t = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+    return cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps, cfg.min_lr_ratio)
 
 
 def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     """Train, save ``cfg.out`` (model + card + log) and return the run's figures."""
-    from tqdm import tqdm
     from transformers import AutoImageProcessor
 
     started = time.perf_counter()
@@ -81,9 +79,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         raise ValueError("label_only applies to ssr trajectories")
     examples, dropped = asyncio.run(oracle_examples(
         cfg.world, questions, tok, fmt, library, mode, paraphrase_seeds=tuple(range(cfg.paraphrases)),
-        progress=progress, label_only=cfg.label_only))
+        progress=progress, label_only=cfg.label_only, cache=cfg.cache_examples))
     if not examples:
         raise ValueError(f"no training examples in {cfg.world} (split train)")
+    data_minutes = (time.perf_counter() - started) / 60
     cfg.out.mkdir(parents=True, exist_ok=True)
     write_processor_config(cfg.out)  # the image processing every loader of the result will use
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
@@ -91,7 +90,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98),
                                   weight_decay=cfg.weight_decay)
     config = {k: str(v) for k, v in asdict(cfg).items()}
-    meta: dict[str, Any] = {"config": config, "command": command_line()}
+    commands = reproduce(cfg.world, cfg.init)
+    meta: dict[str, Any] = {"config": config, "command": "\n".join(commands), "commands": commands}
     step = 0
     ckpt = latest_checkpoint(cfg.out)
     if ckpt is not None:
@@ -104,7 +104,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         epoch += 1
     log_path = cfg.out / "train_log.jsonl"
     model.train()
-    bar = tqdm(total=cfg.steps, initial=step, desc=f"sft {mode}", unit="step", disable=not progress)
+    bar = progress_bar(total=cfg.steps, initial=step, desc=f"sft {mode}", unit="step", disable=not progress)
     ema: float | None = None
     tokens_seen, t_mark, first_loss = 0, time.perf_counter(), None
     stopped_early = False
@@ -126,7 +126,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
             tokens_seen += batch.tokens
             elapsed = time.perf_counter() - t_mark
             bar.update(1)
-            bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}")
+            bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}",
+                            refresh=False)
             if step % cfg.log_every == 0 or step == cfg.steps:
                 log.write(json.dumps({"step": step, "loss": value, "loss_ema": ema, "lr": _lr(step - 1, cfg),
                                       "tokens_per_s": tokens_seen / max(elapsed, 1e-9)}) + "\n")
@@ -142,11 +143,12 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         "steps": step, "planned_steps": cfg.steps, "stopped_at_time_budget": stopped_early,
         "examples": len(examples), "dropped_trajectories": dropped, "epochs_planned": epoch,
         "first_loss": first_loss, "final_loss_ema": ema, "minutes": (time.perf_counter() - started) / 60,
+        "data_minutes": data_minutes,
         "tokens_per_s": tokens_seen / max(time.perf_counter() - t_mark, 1e-9),
         "parameters": sum(p.numel() for p in model.parameters()),
     }
     model.eval()
-    save_model(model, tok, cfg.out, {"trained": "sft", "format": mode, **config})
+    save_model(model, tok, cfg.out, {"trained": "sft", "format": mode, **config, "commands": commands})
     write_card(cfg.out, {
         "title": f"SSR {mode}-SFT ({cfg.init})", "command": meta["command"],
         "description": f"A Qwen3-VL-architecture model trained by `ssr-server train sft` on the oracle "

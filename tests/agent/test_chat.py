@@ -127,7 +127,7 @@ def test_rendering_a_conversation_gives_the_same_text(qwen: Any, library: Librar
     chat = ChatRenderer(qwen, get_format())
     imgs = [_img("red"), _img("green"), _img("blue"), _img("white")]
     msgs = [
-        Message("user", ("Which year was this bridge <b>opened</b>?\n", imgs[0])),
+        Message("user", ("Which year was this bridge <b>opened</b>?", imgs[0])),
         Message("assistant", reasoning=library.candidates[3].text,
                 tool_calls=(ToolCallRecord("image_search_tool", {}),)),
         Message("tool", ("Reverse image search results:\nTitle: Tresslin Bridge\nURL: https://example.org/tresslin"
