@@ -21,7 +21,7 @@ class Settings(BaseSettings):
     device: str = "cpu"
     torch_threads: int | None = None
     bf16_matmul: Literal["auto", "native", "fp32"] = "auto"  # CPU without bf16 arithmetic: fp32 kernel
-    prefix_cache_mb: int = Field(1024, ge=1)
+    prefix_cache_mb: int = Field(128, ge=1)  # KV kept across requests (raise it for real models)
     # embedded engine scheduler (see engine/torch/config.py)
     max_batched_tokens: int = Field(8192, ge=1)  # tokens per forward
     max_batched_seqs: int = Field(256, ge=1)  # decode steps, score jobs and prefills per forward
