@@ -102,7 +102,6 @@ async def run_jobs(jobs: Sequence[Job], runner: Runner, concurrency: int = 1, *,
                    on_result: Callable[[Result], Awaitable[None] | None] | None = None,
                    description: str = "runs") -> list[Result]:
     """Every job through ``runner``, at most ``concurrency`` at a time; results in job order."""
-
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     gate = asyncio.Semaphore(concurrency)

@@ -187,7 +187,7 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     history: list[dict[str, Any]] = []
     train_reasoning = cfg.format == "freeform"
     bar = progress_bar(total=cfg.iterations, initial=iteration, desc=f"grpo {cfg.format}", unit="iter",
-               disable=not progress)
+                       disable=not progress)
     with tempfile.TemporaryDirectory(prefix="ssr-grpo-policy-") as tmp:
         while iteration < cfg.iterations and (time.perf_counter() - started) / 60 < cfg.max_minutes:
             batch_qs = rng.sample(questions, cfg.questions)

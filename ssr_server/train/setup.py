@@ -4,8 +4,9 @@ A fresh model gets a byte-level BPE learned on the world's own text (corpus, que
 format, the reasoning paraphrases): a small model then spends its parameters on the task rather than on
 a 151k-entry embedding, and sequences stay short. Its pre-tokeniser keeps words apart from the space or
 punctuation before them (``tiny.WORDS_PATTERN``), so that a name found in a search result is the same
-tokens in the query or the answer that copies it: copying is then plain induction (with Qwen's pattern
-the same model, trained as long, copied nothing: 4% test success; the price is 33% more tokens).
+tokens in the query or the answer that copies it, and copying can be plain induction (Qwen's pattern
+glues the leading quote or space to the word; the price is 33% more tokens). It is necessary, not
+sufficient: our 30-minute models still do not copy (README, Training).
 Its examples are the split's oracle trajectories, played through the real loop and tools with that very
 tokenizer, so training sees exactly the tokens the server will build.
 """

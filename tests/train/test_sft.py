@@ -89,3 +89,35 @@ def test_a_short_sft_run_learns_and_resumes(world_dir: Path, tmp_path: Path) -> 
     AutoModelForImageTextToText.from_pretrained(out)
     engine = TorchEngine(str(out))
     asyncio.run(engine.close())
+
+
+def test_the_example_cache_returns_the_replay_and_is_keyed_by_its_inputs(
+        world_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.setup import oracle_examples
+    from ssr_server.world import load_questions
+
+    world = tmp_path / "world"
+    shutil.copytree(world_dir, world)
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    fmt, library = get_format(), LibraryRegistry().get("default")
+    qs = [q for q in load_questions(world / "questions.jsonl") if q.split == "train"][:3]
+
+    def run(questions: list, label_only: bool = False) -> tuple:  # type: ignore[type-arg]
+        return asyncio.run(oracle_examples(world, questions, tok, fmt, library, "ssr", progress=False,
+                                           label_only=label_only, cache=True))
+
+    fresh = run(qs)
+    files = sorted((world / ".cache").glob("examples-ssr-*.pkl"))
+    assert len(files) == 1
+    stamp = files[0].stat().st_mtime_ns
+    assert run(qs) == fresh and files[0].stat().st_mtime_ns == stamp  # a hit: read, not replayed
+    # what the examples depend on is in the key: other questions, index labels -> other files
+    assert run(qs[:2])[0] == fresh[0][:2]
+    run(qs, label_only=True)
+    assert len(list((world / ".cache").glob("examples-ssr-*.pkl"))) == 3
