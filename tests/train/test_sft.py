@@ -103,7 +103,7 @@ def test_the_example_cache_returns_the_replay_and_is_keyed_by_its_inputs(
     from ssr_server.world import load_questions
 
     world = tmp_path / "world"
-    shutil.copytree(world_dir, world)
+    shutil.copytree(world_dir, world, ignore=shutil.ignore_patterns(".cache"))  # other tests' caches
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     fmt, library = get_format(), LibraryRegistry().get("default")
     qs = [q for q in load_questions(world / "questions.jsonl") if q.split == "train"][:3]
