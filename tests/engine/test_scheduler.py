@@ -319,6 +319,47 @@ def test_first_scoring_of_a_fresh_context_copies_no_kv(make_engine: Callable[...
     assert [k.data_ptr() for k in kv.keys] == before  # written in place: no reallocation, no copy
 
 
+# ---------------------------------------------------------------- a turn's selection: one forward
+
+
+def test_an_observation_is_prefilled_and_scored_in_one_forward(
+        make_engine: Callable[..., TorchEngine], tok: Any, runner: Any, contexts: dict[str, Context],
+        images: tuple[ImageRef, ImageRef, ImageRef], candidates: list[list[int]]) -> None:
+    """The next turn's context = the cached one + an observation (text and a thumbnail): its rest and
+    the candidates run in ONE forward, the scores are exact, and the context is cached after it."""
+    engine = make_engine()
+    tap = Tap(engine)
+    first = contexts["image"]
+    submit(engine, ScoreJob(first, candidates=candidates))
+    engine.scheduler.run_until_idle()
+    n_first = len(expand(engine.lm, first, ImageCache()).ids)
+    obs = tok.encode("</think> Observation: a tower of iron, 330 m.", add_special_tokens=False)
+    ctx = first.extend(obs, (images[1],)).extend([tok.convert_tokens_to_ids("<|image_pad|>")])
+    ctx = ctx.extend(tok.encode(" It is in Paris. <think>", add_special_tokens=False))
+    job = ScoreJob(ctx, candidates=candidates)
+    before = len(tap.forwards)
+    submit(engine, job)
+    engine.scheduler.run_until_idle()
+    assert len(tap.forwards) == before + 1  # the rest and the candidates, together
+    got = job.future.result()
+    assert isinstance(got, list) and max_diff(got, runner.naive_score(ctx, candidates)) <= TOL
+    assert got[0].cached_tokens == n_first  # the first turn's context came from the cache
+    again = ScoreJob(ctx, candidates=candidates[:2])
+    submit(engine, again)
+    engine.scheduler.run_until_idle()
+    res = again.future.result()
+    assert isinstance(res, list) and res[0].cached_tokens == res[0].context_tokens  # cached whole
+    assert max_diff(res, got[:2]) <= TOL
+    # two such jobs in one forward (concurrent runs' turns): both exact
+    a = ScoreJob(first.extend(obs[:5]), candidates=candidates)
+    b = ScoreJob(first.extend(obs[5:]), candidates=candidates[1:])
+    submit(engine, a, b)
+    engine.scheduler.step()
+    for j, c, cands in ((a, first.extend(obs[:5]), candidates), (b, first.extend(obs[5:]), candidates[1:])):
+        out = j.future.result(timeout=0)
+        assert isinstance(out, list) and max_diff(out, runner.naive_score(c, cands)) <= TOL
+
+
 # ---------------------------------------------------------------- a shared prefix is prefilled once
 
 

@@ -43,6 +43,9 @@ class Chunk:
     grid_thw: torch.Tensor | None = None
     past_len: int = 0
     next_pos: int = 0  # the rotary position after the chunk (prefill chunks)
+    # Also attends to the first chunk of its segment: candidates scored in the very forward that
+    # prefills their context's new tokens (see ``fused_score_chunks``).
+    sees_first: bool = False
 
 
 @dataclass
@@ -259,6 +262,23 @@ class ModelRunner:
         dims = 3 if self.lm.is_vl else 1
         return [Chunk(e.kv, ids, pos, rows, past_len=e.kv.length)
                 for e, ids, pos, rows in score_chunks(jobs, dims, self.device)]
+
+    def fused_score_chunks(self, p: Prepared, candidates: list[list[int]]) -> list[Chunk]:
+        """The rest of ``p``'s context (one chunk, whole) followed by one chunk per candidate that sees
+        it: prefill and scoring in ONE forward, so that a turn's reasoning costs one forward, not two.
+        Needs a reused prefix (``p.kv``): the chunks share it as their past."""
+        if p.kv is None or p.entry is not None or not p.todo:
+            raise EngineError("internal: fused scoring needs a partly cached, not yet prefilled context")
+        rest = self.prefill_chunk(p)
+        dims = 3 if self.lm.is_vl else 1
+        chunks = [rest]
+        for cand in candidates:
+            k = len(cand)
+            pos = torch.arange(rest.next_pos, rest.next_pos + k, device=self.device)
+            pos = pos.view(1, -1).expand(dims, -1)  # (dims, k)
+            chunks.append(Chunk(p.kv, list(cand), pos, list(range(k)), past_len=rest.past_len,
+                                sees_first=True))
+        return chunks
 
     def score_results(self, jobs: list[tuple[CacheEntry, list[list[int]]]], outs: list[ChunkOut],
                       cached: Sequence[int] | None = None) -> list[list[CandidateScore]]:

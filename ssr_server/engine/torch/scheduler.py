@@ -3,8 +3,10 @@
 A step takes, under the budgets of ``EngineConfig`` (tokens and sequences per forward):
 
 1. one decode step of every running generation (round robin once there are more than fit);
-2. the candidates of score jobs whose context is cached, oldest first (SSR's selection step is the
-   latency-critical one: it goes ahead of every prefill, and the oldest always runs);
+2. the candidates of score jobs, oldest first (SSR's selection step is the latency-critical one: it
+   goes ahead of every prefill, and the oldest always runs), on their cached context, or - when only a
+   short rest of it is new (a turn's observation) - after that rest in the same forward, so that a
+   selection costs one forward, not a prefill forward and then a scoring one;
 3. short prefills whole (a turn's observation, an action prompt: part of a turn's latency);
 4. chunks of long prefills, oldest first: while 1-3 share the forward, a chunk is sized by the
    ``Pacer`` so the forward costs at most ``max_decode_slowdown`` x one without it; alone, as much
@@ -144,6 +146,8 @@ class Scheduler:
             return
         if p.todo == 0:
             self._prefilled(job)
+        elif isinstance(job, ScoreJob) and p.kv is not None and p.todo <= self.config.prefill_chunk_size:
+            self._ready.append(job)  # a short rest (a turn's observation): prefilled as it is scored
         else:
             self._prefills.offer(job)
 
@@ -194,17 +198,24 @@ class Scheduler:
             self._running.append(seq)  # served: to the back
 
     def _plan_scoring(self, batch: Batch) -> None:
-        """Candidates of cached contexts, oldest first; the oldest always runs."""
+        """Candidates, oldest first (the oldest always runs): on their cached context, or after the
+        rest of it in the same forward (a short rest: one forward per selection instead of two)."""
         scored = False
         while self._ready:
             job = self._ready[0]
-            if not job.dropped() and scored and not batch.room(job.tokens):
+            p = job.prep
+            assert p is not None  # internal invariant: ready jobs are prepared
+            rest = p.todo if p.entry is None else 0
+            if not job.dropped() and scored and not batch.room(job.tokens + rest):
                 break
             self._ready.popleft()
             if job.dropped():
                 continue
-            assert job.prep is not None and job.prep.entry is not None
-            batch.add(Work("score", job, self.runner.score_chunks([(job.prep.entry, job.candidates)])))
+            if p.entry is None:
+                chunks = self.runner.fused_score_chunks(p, job.candidates)
+            else:
+                chunks = self.runner.score_chunks([(p.entry, job.candidates)])
+            batch.add(Work("score", job, chunks))
             scored = True
 
     def _plan_prefill(self, batch: Batch) -> None:
@@ -254,16 +265,29 @@ class Scheduler:
 
     def _score_results(self, scored: list[tuple[Work, list[ChunkOut]]]) -> None:
         jobs: list[tuple[ScoreJob, CacheEntry, int]] = []
-        for w, _ in scored:
+        cand_outs: list[list[ChunkOut]] = []
+        for w, outs in scored:
             job = w.owner
-            assert isinstance(job, ScoreJob) and job.prep is not None and job.prep.entry is not None
+            assert isinstance(job, ScoreJob) and job.prep is not None
+            if job.prep.entry is None:  # fused: the context's rest ran first in this forward
+                try:
+                    self.runner.commit(job.prep, w.chunks[0], outs[0])
+                    self.runner.finish_prefill(job.prep)
+                except Exception as exc:
+                    fail(job, _as_ssr(exc))
+                    continue
+                outs = outs[1:]
+            assert job.prep.entry is not None
             jobs.append((job, job.prep.entry, job.prep.cached_tokens))
+            cand_outs.append(outs)
+        if not jobs:
+            return
         try:  # one log-softmax over every candidate of every job
             results = self.runner.score_results([(e, j.candidates) for j, e, _ in jobs],
-                                                [x for _, outs in scored for x in outs],
+                                                [x for outs in cand_outs for x in outs],
                                                 [c for _, _, c in jobs])
         except Exception:  # then each job on its own: a failure stays with its job
-            for (job, entry, cached), (_, outs) in zip(jobs, scored, strict=True):
+            for (job, entry, cached), outs in zip(jobs, cand_outs, strict=True):
                 try:
                     resolve(job, self.runner.score_results([(entry, job.candidates)], outs, [cached])[0])
                 except Exception as exc:

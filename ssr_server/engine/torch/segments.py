@@ -9,7 +9,9 @@ tokens a decode step then costs O(B * B * P): batching loses.
 
 Here attention runs per *segment*, the consecutive chunks sharing one past: queries see that past
 (a view of its ``SeqKV``, the new keys written in place when the past is exclusive and at its end) and
-the segment's own new tokens (block-diagonal causal between its chunks). Cost: O(sum t_i (P_i + t_i)).
+the segment's own new tokens (block-diagonal causal between its chunks; a chunk marked ``sees_first``
+also sees the segment's first chunk: candidates scored in the forward that prefills the rest of their
+context). Cost: O(sum t_i (P_i + t_i)).
 
 The attention is registered with transformers' ``AttentionInterface`` under its own name
 (``ATTENTION``, with sdpa's mask function under the same name) and models are loaded with it for their
@@ -46,6 +48,7 @@ class Segment:
     past: SeqKV | None
     past_len: int
     bounds: list[tuple[int, int]] = field(default_factory=list)  # chunks, relative to start
+    sees_first: list[bool] = field(default_factory=list)  # per chunk: also attends to the first chunk
     inplace: bool = False  # new keys written into the past's spare capacity (exclusive past at its end)
     mask: torch.Tensor | None = None  # (1, 1, t, past_len + t) additive; None: one token, no mask
 
@@ -61,9 +64,10 @@ def plan(chunks: list[Any], dtype: torch.dtype, device: torch.device) -> list[Se
         last = segs[-1] if segs else None
         if last is not None and past is not None and last.past is past and last.past_len == c.past_len:
             last.bounds.append((o - last.start, o - last.start + t))
+            last.sees_first.append(bool(c.sees_first))
             last.end = o + t
         else:
-            segs.append(Segment(o, o + t, past, c.past_len if past is not None else 0, [(0, t)]))
+            segs.append(Segment(o, o + t, past, c.past_len if past is not None else 0, [(0, t)], [False]))
             if past is not None:
                 uses[id(past)] = uses.get(id(past), 0) + 1
         o += t
@@ -72,20 +76,23 @@ def plan(chunks: list[Any], dtype: torch.dtype, device: torch.device) -> list[Se
             # decode steps grow geometrically; multi-token scratch (candidates) exactly
             s.past.reserve(s.end - s.start, exact=s.end - s.start > 1)
             s.inplace = True
-        s.mask = _mask(dtype, device, s.past_len, s.bounds)
+        s.mask = _mask(dtype, device, s.past_len, s.bounds, s.sees_first)
     return segs
 
 
-def _mask(dtype: torch.dtype, device: torch.device, past_len: int,
-          bounds: list[tuple[int, int]]) -> torch.Tensor | None:
+def _mask(dtype: torch.dtype, device: torch.device, past_len: int, bounds: list[tuple[int, int]],
+          sees_first: list[bool] | None = None) -> torch.Tensor | None:
     t = bounds[-1][1]
     if t == 1:
         return None
     mask = torch.full((1, 1, t, past_len + t), torch.finfo(dtype).min, dtype=dtype, device=device)
     mask[..., :past_len] = 0
-    for a, b in bounds:
+    f0, f1 = bounds[0]
+    for i, (a, b) in enumerate(bounds):
         tri = torch.ones(b - a, b - a, dtype=torch.bool, device=device).tril()
         mask[0, 0, a:b, past_len + a : past_len + b].masked_fill_(tri, 0)
+        if sees_first and sees_first[i] and i > 0:
+            mask[0, 0, a:b, past_len + f0 : past_len + f1] = 0
     return mask
 
 
