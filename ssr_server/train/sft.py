@@ -25,6 +25,7 @@ from ssr_server.library import LibraryRegistry
 from ssr_server.progress import progress_bar
 from ssr_server.train.checkpoint import latest_checkpoint, reproduce, resume, save_checkpoint, write_card
 from ssr_server.train.data import Collator, batches, token_logits
+from ssr_server.train.rename import Renamer
 from ssr_server.train.schedule import cosine_lr
 from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions
 from ssr_server.world.records import load_questions
@@ -53,6 +54,7 @@ class SFTConfig:
     log_every: int = 10
     threads: int | None = None
     cache_examples: bool = True  # keep the replayed trajectories under world/.cache (5 min per 18k)
+    rename: bool = False  # a fresh invented name for the entity each time an example is drawn (rename.py)
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -87,6 +89,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     write_processor_config(cfg.out)  # the image processing every loader of the result will use
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collate = Collator(model, processor, tok.pad_token_id or 0)
+    renamer = Renamer(tok, questions) if cfg.rename else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98),
                                   weight_decay=cfg.weight_decay)
     config = {k: str(v) for k, v in asdict(cfg).items()}
@@ -110,7 +113,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     stopped_early = False
     with log_path.open("a", encoding="utf-8") as log:
         while step < cfg.steps:
-            batch = collate(order[step])
+            drawn = order[step]
+            if renamer is not None:  # seeded per step: a resumed run draws the same names
+                drawn = renamer(drawn, random.Random(cfg.seed * 1_000_003 + step))
+            batch = collate(drawn)
             for group in optimizer.param_groups:
                 group["lr"] = _lr(step, cfg)
             logits = token_logits(model, batch)
