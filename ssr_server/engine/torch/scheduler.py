@@ -7,7 +7,7 @@ A step takes, under the budgets of ``EngineConfig`` (tokens and sequences per fo
    goes ahead of every prefill, and the oldest always runs), on their cached context, or - when only a
    short rest of it is new (a turn's observation) - after that rest in the same forward, so that a
    selection costs one forward, not a prefill forward and then a scoring one;
-3. short prefills whole (a turn's observation, an action prompt: part of a turn's latency);
+3. short prefills whole (an action prompt, a context with nothing cached: part of a turn's latency);
 4. chunks of long prefills, oldest first: while 1-3 share the forward, a chunk is sized by the
    ``Pacer`` so the forward costs at most ``max_decode_slowdown`` x one without it; alone, as much
    as the token budget allows. The oldest prefill always advances (no starvation).
@@ -211,10 +211,14 @@ class Scheduler:
             self._ready.popleft()
             if job.dropped():
                 continue
-            if p.entry is None:
-                chunks = self.runner.fused_score_chunks(p, job.candidates)
-            else:
-                chunks = self.runner.score_chunks([(p.entry, job.candidates)])
+            try:
+                if p.entry is None:
+                    chunks = self.runner.fused_score_chunks(p, job.candidates)
+                else:
+                    chunks = self.runner.score_chunks([(p.entry, job.candidates)])
+            except Exception as exc:  # this job's own fault (e.g. its image): it alone fails
+                fail(job, _as_ssr(exc))
+                continue
             batch.add(Work("score", job, chunks))
             scored = True
 
