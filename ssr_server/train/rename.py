@@ -51,28 +51,27 @@ def question_stems(questions: Sequence[Question]) -> dict[str, str]:
 
 
 def _replace(ids: Sequence[int], mask: Sequence[bool], old: tuple[int, ...], new: tuple[int, ...],
-             ) -> tuple[list[int], list[bool], int]:
+             ) -> tuple[list[int], list[bool]]:
     out_ids: list[int] = []
     out_mask: list[bool] = []
-    i, n, k, hits = 0, len(ids), len(old), 0
+    i, n, k = 0, len(ids), len(old)
     first = old[0]
     while i < n:
         if ids[i] == first and tuple(ids[i : i + k]) == old:
             out_ids.extend(new)
             out_mask.extend([mask[i]] * len(new))
             i += k
-            hits += 1
         else:
             out_ids.append(ids[i])
             out_mask.append(mask[i])
             i += 1
-    return out_ids, out_mask, hits
+    return out_ids, out_mask
 
 
 def renamed_example(ex: Example, old: StemTokens, new: StemTokens) -> Example:
     """``ex`` with every occurrence of the ``old`` stem's tokens (cased and lower case) replaced."""
-    ids, mask, _ = _replace(ex.ids, ex.mask, old.cased, new.cased)
-    ids, mask, _ = _replace(ids, mask, old.lower, new.lower)
+    ids, mask = _replace(ex.ids, ex.mask, old.cased, new.cased)
+    ids, mask = _replace(ids, mask, old.lower, new.lower)
     return Example(ex.key, ex.kind, tuple(ids), tuple(mask), ex.images)
 
 

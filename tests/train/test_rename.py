@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ssr_server.train.data import Example
 from ssr_server.train.rename import Renamer, StemTokens, renamed_example, stem_tokens
@@ -87,3 +91,40 @@ def test_renamed_trajectories_are_the_originals_under_another_name(world_dir: Pa
     # a batch draw is deterministic for its rng, and differs between draws
     a = renamer(examples, random.Random(7))
     assert a == renamer(examples, random.Random(7)) and a != renamer(examples, random.Random(8))
+
+
+
+def test_sft_with_rename_trains_on_renamed_examples(world_dir: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train sft --rename` reaches the batches: what the collator is given no longer holds the
+    entities' own names (and without it, it does)."""
+    from transformers import AutoTokenizer
+
+    from ssr_server.train import sft
+    from ssr_server.world import load_questions
+
+    drawn: list[Example] = []
+
+    class Recording(sft.Collator):
+        def __call__(self, examples: Sequence[Example]) -> Any:
+            drawn.extend(examples)
+            return super().__call__(examples)
+
+    monkeypatch.setattr(sft, "Collator", Recording)
+    train = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"]
+    stems = {q.id: q.entity.split()[0] for q in train if q.kind in ("named", "search")}
+
+    def texts(rename: bool) -> list[tuple[str, str]]:
+        drawn.clear()
+        out = tmp_path / f"rename-{rename}"
+        sft.train_sft(sft.SFTConfig(world=world_dir, out=out, init="64x1", steps=3, batch_size=8, limit=48,
+                                    warmup=1, threads=1, rename=rename, cache_examples=False),
+                      progress=False)
+        tok = AutoTokenizer.from_pretrained(out)
+        renamable = Renamer(tok, train).stems
+        return [(stems[q], tok.decode(list(e.ids))) for e in drawn
+                if (q := e.key.split("/", 1)[0]) in stems and q in renamable]
+
+    plain, renamed = texts(False), texts(True)
+    assert plain and all(stem in text for stem, text in plain)
+    assert renamed and not any(stem in text for stem, text in renamed)

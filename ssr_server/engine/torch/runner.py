@@ -29,7 +29,7 @@ from ssr_server.engine.torch.kv import SeqKV
 from ssr_server.engine.torch.loader import LoadedModel
 from ssr_server.engine.torch.multimodal import Expanded, ImageCache, expand, images_in, positions, safe_cut
 from ssr_server.engine.torch.prefix_cache import CacheEntry, PrefixCache
-from ssr_server.engine.torch.scoring import score_chunks, score_results
+from ssr_server.engine.torch.scoring import candidate_positions, score_chunks, score_results
 from ssr_server.errors import ContextTooLong, EngineError, InvalidRequest
 
 
@@ -273,10 +273,8 @@ class ModelRunner:
         dims = 3 if self.lm.is_vl else 1
         chunks = [rest]
         for cand in candidates:
-            k = len(cand)
-            pos = torch.arange(rest.next_pos, rest.next_pos + k, device=self.device)
-            pos = pos.view(1, -1).expand(dims, -1)  # (dims, k)
-            chunks.append(Chunk(p.kv, list(cand), pos, list(range(k)), past_len=rest.past_len,
+            pos = candidate_positions(rest.next_pos, len(cand), dims, self.device)
+            chunks.append(Chunk(p.kv, list(cand), pos, list(range(len(cand))), past_len=rest.past_len,
                                 sees_first=True))
         return chunks
 

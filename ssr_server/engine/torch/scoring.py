@@ -23,9 +23,13 @@ def score_chunks(jobs: ScoreJobs, dims: int, device: torch.device,
     """(entry, ids, positions (dims, k), logits rows) of every candidate of every job, in order."""
     for entry, cands in jobs:
         for cand in cands:
-            k = len(cand)
-            pos = torch.arange(entry.next_pos, entry.next_pos + k, device=device).view(1, -1).expand(dims, -1)
-            yield entry, list(cand), pos, list(range(k))
+            yield entry, list(cand), candidate_positions(entry.next_pos, len(cand), dims, device), \
+                list(range(len(cand)))
+
+
+def candidate_positions(start: int, k: int, dims: int, device: torch.device) -> torch.Tensor:
+    """(dims, k) rotary positions of a candidate that starts at ``start`` (every M-RoPE axis alike)."""
+    return torch.arange(start, start + k, device=device).view(1, -1).expand(dims, -1)
 
 
 def _groups(outs: Sequence[Any], sizes: list[int]) -> list[list[Any]]:
