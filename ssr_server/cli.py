@@ -485,6 +485,7 @@ def train_sft_command(
     threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
     rename: Annotated[bool, typer.Option(help="a fresh name for the entity at each draw (copy, not "
                                                 "remember)")] = False,
+    drills: Annotated[bool, typer.Option(help="interleave short copying drills (query, answer)")] = False,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -494,7 +495,7 @@ def train_sft_command(
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
                                   label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
-                                  threads=threads, rename=rename))
+                                  threads=threads, rename=rename, drills=drills))
     typer.echo(json.dumps(figures, indent=1, default=str))
     typer.echo(f"model written to {out}")
 

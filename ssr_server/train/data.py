@@ -5,7 +5,7 @@ by piece) with a mask over the assistant's tokens: the loss is on what the model
 reasoning, action, end of turn), never on the prompt or the observations. Images travel as PNG bytes
 (lossless: the crops and thumbnails are the pixels the run saw) and are processed at collation.
 
-Every trajectory starts with the same system prompt (about 1,000 tokens, three quarters of a typical
+Every trajectory starts with the same system prompt (about 1,800 tokens, three quarters of a typical
 trajectory), so a batch runs that shared prefix once and the B remainders on its key/value states,
 expanded to the batch: the gradient is the same as B full forwards (it flows through the shared
 prefix from every example), at about a third of the tokens (``tests/train`` checks the equality).

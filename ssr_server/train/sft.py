@@ -25,6 +25,7 @@ from ssr_server.library import LibraryRegistry
 from ssr_server.progress import progress_bar
 from ssr_server.train.checkpoint import latest_checkpoint, reproduce, resume, save_checkpoint, write_card
 from ssr_server.train.data import Collator, batches, token_logits
+from ssr_server.train.drills import Drills, DrillTokens
 from ssr_server.train.rename import Renamer
 from ssr_server.train.schedule import cosine_lr
 from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions
@@ -55,6 +56,7 @@ class SFTConfig:
     threads: int | None = None
     cache_examples: bool = True  # keep the replayed trajectories under world/.cache (5 min per 18k)
     rename: bool = False  # a fresh invented name for the entity each time an example is drawn (rename.py)
+    drills: bool = False  # interleave batches of short copying drills (drills.py)
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -102,8 +104,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     order: list[Any] = []
     epoch = 0
+    drills = Drills.of(examples, DrillTokens.of(tok, fmt)) if cfg.drills else None
     while len(order) < cfg.steps:  # the whole schedule up front: resuming replays the same batches
-        order += batches(examples, cfg.batch_size, rng)
+        epoch_batches = batches(examples, cfg.batch_size, rng)
+        order += drills.interleave(epoch_batches, cfg.batch_size, rng) if drills else epoch_batches
         epoch += 1
     log_path = cfg.out / "train_log.jsonl"
     model.train()
@@ -150,6 +154,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         "examples": len(examples), "dropped_trajectories": dropped, "epochs_planned": epoch,
         "first_loss": first_loss, "final_loss_ema": ema, "minutes": (time.perf_counter() - started) / 60,
         "data_minutes": data_minutes,
+        "drills": f"{len(drills.answers)} answer, {len(drills.queries)} query" if drills else "none",
         "tokens_per_s": tokens_seen / max(time.perf_counter() - t_mark, 1e-9),
         "parameters": sum(p.numel() for p in model.parameters()),
     }
