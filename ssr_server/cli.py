@@ -467,6 +467,16 @@ train_app = typer.Typer(no_args_is_help=True, help="Train a selector: SFT and SS
 app.add_typer(train_app, name="train")
 
 
+def _int_pair(text: str, option: str) -> tuple[int, int]:
+    try:
+        a, b = (int(x) for x in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes two integers such as 2,4") from None
+    if a < 0 or b < 0:
+        raise typer.BadParameter(f"{option} takes non-negative integers")
+    return a, b
+
+
 @train_app.command("sft")
 def train_sft_command(
     world: Annotated[Path, typer.Option(help="a `world build` folder")],
@@ -486,6 +496,11 @@ def train_sft_command(
     rename: Annotated[bool, typer.Option(help="a fresh name for the entity at each draw (copy, not "
                                                 "remember)")] = False,
     drills: Annotated[bool, typer.Option(help="interleave short copying drills (query, answer)")] = False,
+    drill_sizes: Annotated[str, typer.Option(help="answer,query drill batches in multiples of "
+                                                  "--batch-size")] = "2,4",
+    copy_every: Annotated[int, typer.Option(min=0, help="every Nth step a batch of the synthetic copying "
+                                                        "task (0: never)")] = 0,
+    copy_warmup: Annotated[int, typer.Option(min=0, help="steps of the copying task alone first")] = 0,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -495,7 +510,9 @@ def train_sft_command(
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
                                   label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
-                                  threads=threads, rename=rename, drills=drills))
+                                  threads=threads, rename=rename, drills=drills,
+                                  drill_sizes=_int_pair(drill_sizes, "--drill-sizes"), copy_every=copy_every,
+                                  copy_warmup=copy_warmup))
     typer.echo(json.dumps(figures, indent=1, default=str))
     typer.echo(f"model written to {out}")
 

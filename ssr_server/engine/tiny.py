@@ -17,7 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -164,10 +164,13 @@ def _trained_bpe_tokenizer(vocab_size: int, corpus: Iterable[str] | None = None,
 
 
 def build_tokenizer(vocab: Vocab, shape: TinyShape = TinyShape(),
-                    corpus: Iterable[str] | None = None, words_apart: bool = False) -> object:
+                    corpus: Iterable[str] | None = None, words_apart: bool = False,
+                    phrases: Sequence[str] = ()) -> object:
     """A PreTrainedTokenizerFast with Qwen's special tokens and our chat template. ``trained`` learns a
     byte-level BPE of ``shape.trained_vocab_size`` on ``corpus`` (default: a small built-in text),
-    pre-tokenised like Qwen, or with ``words_apart`` by ``WORDS_PATTERN`` (the models we train)."""
+    pre-tokenised like Qwen, or with ``words_apart`` by ``WORDS_PATTERN`` (the models we train).
+    ``phrases`` become one token each (added, not special: they decode to their text), matched before
+    the BPE runs: the lines of a constant system prompt (``train.setup.prompt_phrases``)."""
     from tokenizers import AddedToken, Tokenizer
     from transformers import PreTrainedTokenizerFast
 
@@ -177,6 +180,8 @@ def build_tokenizer(vocab: Vocab, shape: TinyShape = TinyShape(),
     assert isinstance(base, Tokenizer)  # internal invariant, not user input
     base.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     base.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    if phrases:
+        base.add_tokens([AddedToken(t, special=False, normalized=False) for t in dict.fromkeys(phrases)])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=base,
         eos_token="<|im_end|>",

@@ -118,14 +118,14 @@ class Drills:
         queries = [d for e in examples if (d := query_drill(e, t)) is not None]
         return cls(answers, queries)
 
-    def interleave(self, full: Sequence[list[Example]], batch_size: int,
-                   rng: random.Random) -> list[list[Example]]:
-        """After each full batch, a batch of 2x answer drills and one of 4x query drills (each about
-        as long to run as the full batch)."""
+    def interleave(self, full: Sequence[list[Example]], batch_size: int, rng: random.Random,
+                   sizes: tuple[int, int] = (2, 4)) -> list[list[Example]]:
+        """After each full batch, a batch of ``sizes[0]`` x answer drills and one of ``sizes[1]`` x query
+        drills (2 and 4: each about as long to run as a full batch with the long system prompt)."""
         out: list[list[Example]] = []
         for batch in full:
             out.append(batch)
-            for pool, n in ((self.answers, 2 * batch_size), (self.queries, 4 * batch_size)):
+            for pool, n in ((self.answers, sizes[0] * batch_size), (self.queries, sizes[1] * batch_size)):
                 if pool:
                     out.append(rng.sample(pool, min(n, len(pool))))
         return out

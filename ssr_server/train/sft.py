@@ -24,7 +24,8 @@ from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
 from ssr_server.progress import progress_bar
 from ssr_server.train.checkpoint import latest_checkpoint, reproduce, resume, save_checkpoint, write_card
-from ssr_server.train.data import Collator, batches, token_logits
+from ssr_server.train.copying import CopyTask, copy_loss
+from ssr_server.train.data import Collator, Example, batches, token_logits
 from ssr_server.train.drills import Drills, DrillTokens
 from ssr_server.train.rename import Renamer
 from ssr_server.train.schedule import cosine_lr
@@ -57,6 +58,11 @@ class SFTConfig:
     cache_examples: bool = True  # keep the replayed trajectories under world/.cache (5 min per 18k)
     rename: bool = False  # a fresh invented name for the entity each time an example is drawn (rename.py)
     drills: bool = False  # interleave batches of short copying drills (drills.py)
+    drill_sizes: tuple[int, int] = (2, 4)  # answer and query drill batches, in multiples of batch_size
+    copy_every: int = 0  # every Nth step is a batch of the synthetic copying task (copying.py); 0: never
+    copy_warmup: int = 0  # steps of the copying task alone before the first SFT batch (lengths widen
+    # over the first 80% of them: copying.py)
+    copy_batch: int = 32  # rows per copying batch
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -102,13 +108,20 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     if ckpt is not None:
         step = resume(ckpt, model, optimizer)
     rng = random.Random(cfg.seed)
-    order: list[Any] = []
-    epoch = 0
+    order: list[list[Example] | None] = [None] * cfg.copy_warmup  # None: a step of the copying task
+    epoch = regular = 0
     drills = Drills.of(examples, DrillTokens.of(tok, fmt)) if cfg.drills else None
     while len(order) < cfg.steps:  # the whole schedule up front: resuming replays the same batches
         epoch_batches = batches(examples, cfg.batch_size, rng)
-        order += drills.interleave(epoch_batches, cfg.batch_size, rng) if drills else epoch_batches
+        for batch in (drills.interleave(epoch_batches, cfg.batch_size, rng, cfg.drill_sizes) if drills
+                      else epoch_batches):
+            order.append(batch)
+            regular += 1
+            if cfg.copy_every > 1 and regular % (cfg.copy_every - 1) == 0:
+                order.append(None)
         epoch += 1
+    copying = CopyTask.for_tokenizer(tok)
+    copy_steps = sum(b is None for b in order[: cfg.steps])
     log_path = cfg.out / "train_log.jsonl"
     model.train()
     bar = progress_bar(total=cfg.steps, initial=step, desc=f"sft {mode}", unit="step", disable=not progress)
@@ -118,13 +131,18 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     with log_path.open("a", encoding="utf-8") as log:
         while step < cfg.steps:
             drawn = order[step]
-            if renamer is not None:  # seeded per step: a resumed run draws the same names
-                drawn = renamer(drawn, random.Random(cfg.seed * 1_000_003 + step))
-            batch = collate(drawn)
             for group in optimizer.param_groups:
                 group["lr"] = _lr(step, cfg)
-            logits = token_logits(model, batch)
-            loss = torch.nn.functional.cross_entropy(logits, batch.targets)
+            if drawn is None:  # seeded per step, like the names: a resumed run draws the same rows
+                generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+                widened = step / (0.8 * cfg.copy_warmup) if cfg.copy_warmup else 1.0
+                loss, tokens = copy_loss(model, copying, cfg.copy_batch, generator, widened)
+            else:
+                if renamer is not None:  # seeded per step: a resumed run draws the same names
+                    drawn = renamer(drawn, random.Random(cfg.seed * 1_000_003 + step))
+                collated = collate(drawn)
+                loss = torch.nn.functional.cross_entropy(token_logits(model, collated), collated.targets)
+                tokens = collated.tokens
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
@@ -133,7 +151,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
             value = float(loss.detach())
             first_loss = value if first_loss is None else first_loss
             ema = value if ema is None else 0.95 * ema + 0.05 * value
-            tokens_seen += batch.tokens
+            tokens_seen += tokens
             elapsed = time.perf_counter() - t_mark
             bar.update(1)
             bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}",
@@ -155,6 +173,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         "first_loss": first_loss, "final_loss_ema": ema, "minutes": (time.perf_counter() - started) / 60,
         "data_minutes": data_minutes,
         "drills": f"{len(drills.answers)} answer, {len(drills.queries)} query" if drills else "none",
+        "copy_steps_planned": copy_steps,
         "tokens_per_s": tokens_seen / max(time.perf_counter() - t_mark, 1e-9),
         "parameters": sum(p.numel() for p in model.parameters()),
     }

@@ -1,0 +1,54 @@
+"""A fresh model's tokenizer: the system prompt's lines are single tokens, the text is unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ssr_server.agent.escape import Escaper
+from ssr_server.formats.format import get_format
+from ssr_server.library import LibraryRegistry
+from ssr_server.train.setup import PHRASE_MIN_CHARS, new_model, prompt_phrases
+from ssr_server.world import load_questions
+
+
+@pytest.fixture(scope="module")
+def tokenizers(world_dir: Path) -> tuple[Any, Any]:
+    fmt, library = get_format(), LibraryRegistry().get("default")
+    qs = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"]
+    _, with_phrases = new_model("64x2", world_dir, qs, fmt, library, seed=0)
+    _, without = new_model("64x2", world_dir, qs, fmt, library, seed=0, phrases=False)
+    return with_phrases, without
+
+
+def test_every_library_prompt_is_a_few_tokens_and_decodes_to_its_text(tokenizers: tuple[Any, Any]) -> None:
+    tok, plain = tokenizers
+    fmt, registry = get_format(), LibraryRegistry()
+    for name in registry.names():
+        text = fmt.system_prompt(registry.get(name))
+        ids = tok.encode(text, add_special_tokens=False)
+        long_ids = plain.encode(text, add_special_tokens=False)
+        assert len(ids) < 120 < 1000 < len(long_ids), (name, len(ids), len(long_ids))
+        assert tok.decode(ids, skip_special_tokens=True) == text  # added, not special: decoded back
+
+
+def test_phrases_are_the_long_lines_and_leave_other_text_alone(tokenizers: tuple[Any, Any]) -> None:
+    tok, plain = tokenizers
+    fmt, registry = get_format(), LibraryRegistry()
+    phrases = prompt_phrases(fmt, [registry.get(n) for n in registry.names()])
+    assert phrases and all(len(p) >= PHRASE_MIN_CHARS and "\n" not in p for p in phrases)
+    assert len(phrases) == len(set(phrases))
+    one = tok.encode(phrases[0], add_special_tokens=False)
+    assert len(one) == 1
+    question = 'Where does the Zemclinard soup come from? {"query": "x"}'
+    assert tok.encode(question, add_special_tokens=False) == plain.encode(question, add_special_tokens=False)
+
+
+def test_a_phrase_in_external_text_is_neutralised(tokenizers: tuple[Any, Any]) -> None:
+    tok, _ = tokenizers
+    phrase = prompt_phrases(get_format(), [LibraryRegistry().get("default")])[0]
+    escaped = Escaper.for_tokenizer(tok, {})(f"a web page quoting: {phrase}")
+    assert phrase not in escaped
+    assert len(tok.encode(escaped, add_special_tokens=False)) > 3
