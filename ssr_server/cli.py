@@ -467,6 +467,19 @@ train_app = typer.Typer(no_args_is_help=True, help="Train a selector: SFT and SS
 app.add_typer(train_app, name="train")
 
 
+def _kind_repeats(items: list[str]) -> tuple[tuple[str, int], ...]:
+    from ssr_server.world.records import KINDS
+
+    out: list[tuple[str, int]] = []
+    for item in items:
+        kind, _, n = item.partition("=")
+        if kind not in KINDS or not n.isdigit() or int(n) < 1:
+            raise typer.BadParameter(f"--repeat takes KIND=N, KIND one of {', '.join(KINDS)} and N >= 1, "
+                                     f"got {item!r}")
+        out.append((kind, int(n)))
+    return tuple(out)
+
+
 def _int_pair(text: str, option: str) -> tuple[int, int]:
     try:
         a, b = (int(x) for x in text.split(","))
@@ -501,6 +514,8 @@ def train_sft_command(
     copy_every: Annotated[int, typer.Option(min=0, help="every Nth step a batch of the synthetic copying "
                                                         "task (0: never)")] = 0,
     copy_warmup: Annotated[int, typer.Option(min=0, help="steps of the copying task alone first")] = 0,
+    repeat: Annotated[list[str] | None, typer.Option(help="KIND=N: that question kind's trajectories N times "
+                                                          "per epoch (repeatable)")] = None,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -512,7 +527,7 @@ def train_sft_command(
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
                                   threads=threads, rename=rename, drills=drills,
                                   drill_sizes=_int_pair(drill_sizes, "--drill-sizes"), copy_every=copy_every,
-                                  copy_warmup=copy_warmup))
+                                  copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or [])))
     typer.echo(json.dumps(figures, indent=1, default=str))
     typer.echo(f"model written to {out}")
 

@@ -63,6 +63,7 @@ class SFTConfig:
     copy_warmup: int = 0  # steps of the copying task alone before the first SFT batch (lengths widen
     # over the first 80% of them: copying.py)
     copy_batch: int = 32  # rows per copying batch
+    repeat: tuple[tuple[str, int], ...] = ()  # (kind, n): that kind's examples n times per epoch
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -111,8 +112,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     order: list[list[Example] | None] = [None] * cfg.copy_warmup  # None: a step of the copying task
     epoch = regular = 0
     drills = Drills.of(examples, DrillTokens.of(tok, fmt)) if cfg.drills else None
+    times = dict(cfg.repeat)
+    pool = [e for e in examples for _ in range(times.get(e.kind, 1))]
     while len(order) < cfg.steps:  # the whole schedule up front: resuming replays the same batches
-        epoch_batches = batches(examples, cfg.batch_size, rng)
+        epoch_batches = batches(pool, cfg.batch_size, rng)
         for batch in (drills.interleave(epoch_batches, cfg.batch_size, rng, cfg.drill_sizes) if drills
                       else epoch_batches):
             order.append(batch)

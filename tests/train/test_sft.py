@@ -121,3 +121,36 @@ def test_the_example_cache_returns_the_replay_and_is_keyed_by_its_inputs(
     assert run(qs[:2])[0] == fresh[0][:2]
     run(qs, label_only=True)
     assert len(list((world / ".cache").glob("examples-ssr-*.pkl"))) == 3
+
+
+def test_repeat_puts_a_kind_n_times_in_each_epoch(world_dir: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train sft --repeat visual=3`: over one epoch the collator sees each visual trajectory three times
+    and every other one once."""
+    from collections import Counter
+    from collections.abc import Sequence
+    from typing import Any
+
+    from ssr_server.train import sft
+    from ssr_server.train.setup import split_questions
+    from ssr_server.world import load_questions
+
+    drawn: list[str] = []
+
+    class Recording(sft.Collator):
+        def __call__(self, examples: Sequence[Any]) -> Any:
+            drawn.extend(e.key.split("/", 1)[0] for e in examples)
+            return super().__call__(examples)
+
+    monkeypatch.setattr(sft, "Collator", Recording)
+    chosen = split_questions(load_questions(world_dir / "questions.jsonl"), "train", 24, 0)
+    kinds = {q.id: q.kind for q in chosen}
+    visual = sum(k == "visual" for k in kinds.values())
+    assert 0 < visual < len(kinds)
+    pool = len(kinds) + 2 * visual
+    sft.train_sft(SFTConfig(world=world_dir, out=tmp_path / "repeat", init="64x1", steps=-(-pool // 4),
+                            batch_size=4, limit=24, warmup=1, threads=1, cache_examples=False,
+                            repeat=(("visual", 3),)), progress=False)
+    seen = Counter(drawn)  # one epoch exactly: ceil(pool / 4) batches
+    assert set(seen) == set(kinds)
+    assert all(n == (3 if kinds[q] == "visual" else 1) for q, n in seen.items()), seen
