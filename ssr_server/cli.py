@@ -522,6 +522,8 @@ def train_sft_command(
 
     if format not in ("ssr", "freeform"):
         raise typer.BadParameter("format must be ssr or freeform")
+    if copy_every == 1:
+        raise typer.BadParameter("--copy-every takes 0 (never) or N >= 2 (every Nth step)")
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
                                   label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,

@@ -13,7 +13,7 @@ from ssr_server.train.copying import CopyTask, copy_loss
 from ssr_server.train.data import Example
 
 
-def _model(hidden: int = 64, layers: int = 2, vocab: int = 256) -> Any:
+def _model(hidden: int = 64, layers: int = 2) -> Any:
     from ssr_server.engine.tiny import TinyShape, build_tokenizer, make_config
 
     shape = TinyShape.parse(f"{hidden}x{layers}-tied")
