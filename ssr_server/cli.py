@@ -490,6 +490,11 @@ def _int_pair(text: str, option: str) -> tuple[int, int]:
     return a, b
 
 
+def _report_training(figures: dict[str, Any], out: Path) -> None:
+    typer.echo(json.dumps(figures, indent=1, default=str))
+    typer.echo(f"model written to {out}")
+
+
 @train_app.command("sft")
 def train_sft_command(
     world: Annotated[Path, typer.Option(help="a `world build` folder")],
@@ -516,22 +521,49 @@ def train_sft_command(
     copy_warmup: Annotated[int, typer.Option(min=0, help="steps of the copying task alone first")] = 0,
     repeat: Annotated[list[str] | None, typer.Option(help="KIND=N: that question kind's trajectories N times "
                                                           "per epoch (repeatable)")] = None,
+    pictures_every: Annotated[int, typer.Option(min=0, help="every Nth step a batch of picture drills: "
+                                                            "visual/detail trajectories with a freshly "
+                                                            "drawn picture (0: never)")] = 0,
+    pictures_batch: Annotated[int, typer.Option(min=1, help="drills per picture batch")] = 32,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
 
     if format not in ("ssr", "freeform"):
         raise typer.BadParameter("format must be ssr or freeform")
-    if copy_every == 1:
-        raise typer.BadParameter("--copy-every takes 0 (never) or N >= 2 (every Nth step)")
+    for name, every in (("--copy-every", copy_every), ("--pictures-every", pictures_every)):
+        if every == 1:
+            raise typer.BadParameter(f"{name} takes 0 (never) or N >= 2 (every Nth step)")
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
                                   label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
                                   threads=threads, rename=rename, drills=drills,
                                   drill_sizes=_int_pair(drill_sizes, "--drill-sizes"), copy_every=copy_every,
-                                  copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or [])))
-    typer.echo(json.dumps(figures, indent=1, default=str))
-    typer.echo(f"model written to {out}")
+                                  copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
+                                  pictures_every=pictures_every, pictures_batch=pictures_batch))
+    _report_training(figures, out)
+
+
+@train_app.command("vision")
+def train_vision_command(
+    init: Annotated[Path, typer.Option(help="the model folder whose vision tower is trained")],
+    out: Annotated[Path, typer.Option(help="where the model goes")],
+    steps: Annotated[int, typer.Option(min=1)] = 1000,
+    batch_size: Annotated[int, typer.Option(min=1, help="pictures per step")] = 32,
+    lr: Annotated[float, typer.Option()] = 1e-3,
+    reinit: Annotated[bool, typer.Option(help="start the tower from fresh weights")] = False,
+    seed: Annotated[int, typer.Option()] = 0,
+    max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 28.0,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
+) -> None:
+    """Train the vision tower on freshly drawn pictures (colour, count, sign, plaque heads, not kept)."""
+    from ssr_server.train.vision import VisionConfig, train_vision
+
+    if not (init / "config.json").is_file():
+        raise typer.BadParameter(f"{init} is not a model folder (no config.json)")
+    figures = train_vision(VisionConfig(init=init, out=out, steps=steps, batch_size=batch_size, lr=lr,
+                                        reinit=reinit, seed=seed, max_minutes=max_minutes, threads=threads))
+    _report_training(figures, out)
 
 
 @train_app.command("pretrain")
@@ -555,8 +587,7 @@ def train_pretrain_command(
     figures = train_pretrain(PretrainConfig(
         world=world, out=out, init=init, steps=steps, batch_size=batch_size, seq_len=seq_len, lr=lr,
         seed=seed, max_minutes=max_minutes, threads=threads, rename=rename, questions=questions))
-    typer.echo(json.dumps(figures, indent=1, default=str))
-    typer.echo(f"model written to {out}")
+    _report_training(figures, out)
 
 
 @train_app.command("grpo")
@@ -575,6 +606,10 @@ def train_grpo_command(
     selector_grad: Annotated[str, typer.Option(help="exact (all K scores) | detached (paper)")] = "exact",
     ratio_level: Annotated[str, typer.Option(help="token (GRPO) | sequence (GSPO) for actions")] = "token",
     kl: Annotated[float, typer.Option(help="KL to the initial model on action tokens")] = 0.0,
+    tau: Annotated[float, typer.Option(min=0.0, help="selection temperature of the rollouts (and of q "
+                                                     "in the ratio)")] = 1.0,
+    temperature: Annotated[float, typer.Option(min=0.0, help="action sampling temperature of the "
+                                                             "rollouts")] = 1.0,
     seed: Annotated[int, typer.Option()] = 0,
     max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 28.0,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
@@ -586,14 +621,15 @@ def train_grpo_command(
             or ratio_level not in ("token", "sequence"):
         raise typer.BadParameter("format: ssr|freeform; selector-grad: exact|detached; "
                                  "ratio-level: token|sequence")
+    if format == "ssr" and tau <= 0:
+        raise typer.BadParameter("--tau must be > 0: the ssr ratio is over q = softmax(S / tau)")
     figures = train_grpo(GRPOConfig(
         world=world, init=init, out=out, format=format, iterations=iterations, questions=questions,
         group=group,
         epochs=epochs, lr=lr, clip=clip, gamma=gamma, selector_grad=selector_grad,  # type: ignore[arg-type]
         ratio_level=ratio_level, kl=kl, seed=seed, max_minutes=max_minutes,  # type: ignore[arg-type]
-        threads=threads))
-    typer.echo(json.dumps(figures, indent=1, default=str))
-    typer.echo(f"model written to {out}")
+        threads=threads, tau=tau, temperature=temperature))
+    _report_training(figures, out)
 
 
 def main() -> None:

@@ -61,6 +61,15 @@ def output_size(width: int, height: int, min_short_side: int, max_side: int) -> 
     return max(1, round(width * scale)), max(1, round(height * scale))
 
 
+def zoom_crop(image: Image.Image, box: tuple[int, int, int, int], min_short_side: int = 224,
+              max_side: int = 1024) -> Image.Image:
+    """The crop of a valid relative ``box``, resized as ``output_size`` says (what the tool returns; the
+    SFT picture drills draw their zoomed crops with it)."""
+    crop = image.crop(pixel_box(box, image.width, image.height))
+    size = output_size(crop.width, crop.height, min_short_side, max_side)
+    return crop if size == crop.size else crop.resize(size, Image.Resampling.LANCZOS)
+
+
 class ZoomTool:
     """Crops ``ctx.images[call.image_index]`` at ``call.box`` and returns the enlarged crop (a new image)."""
 
@@ -74,9 +83,7 @@ class ZoomTool:
         self.min_box_side = min_box_side
 
     def _crop(self, image: Image.Image, box: tuple[int, int, int, int]) -> Image.Image:
-        crop = image.crop(pixel_box(box, image.width, image.height))
-        size = output_size(crop.width, crop.height, self.min_short_side, self.max_side)
-        return crop if size == crop.size else crop.resize(size, Image.Resampling.LANCZOS)
+        return zoom_crop(image, box, self.min_short_side, self.max_side)
 
     async def __call__(self, call: ToolCall, ctx: ToolContext) -> Observation:
         box = validate_box(call.box, self.min_box_side)

@@ -62,9 +62,10 @@ def assistant_mask(ids: Sequence[int], open_ids: Sequence[int], close_id: int) -
     return tuple(mask)
 
 
-def png(image: Image.Image) -> bytes:
+def png(image: Image.Image, compress_level: int = 6) -> bytes:
+    """Lossless bytes of ``image``; level 1 is ~4x faster to write (pictures drawn during training)."""
     buf = io.BytesIO()
-    image.save(buf, format="PNG")
+    image.save(buf, format="PNG", compress_level=compress_level)
     return buf.getvalue()
 
 

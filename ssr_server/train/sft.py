@@ -27,10 +27,14 @@ from ssr_server.train.checkpoint import latest_checkpoint, reproduce, resume, sa
 from ssr_server.train.copying import CopyTask, copy_loss
 from ssr_server.train.data import Collator, Example, batches, token_logits
 from ssr_server.train.drills import Drills, DrillTokens
+from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
 from ssr_server.train.schedule import cosine_lr
 from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions
+from ssr_server.world.build import world_entities
 from ssr_server.world.records import load_questions
+
+COPY, PICTURES = "copy", "pictures"  # schedule entries that are not a batch of trajectories
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class SFTConfig:
     # over the first 80% of them: copying.py)
     copy_batch: int = 32  # rows per copying batch
     repeat: tuple[tuple[str, int], ...] = ()  # (kind, n): that kind's examples n times per epoch
+    pictures_every: int = 0  # every Nth step is a batch of picture drills (picture_drills.py); 0: never
+    pictures_batch: int = 32  # drills per picture batch
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -109,7 +115,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     if ckpt is not None:
         step = resume(ckpt, model, optimizer)
     rng = random.Random(cfg.seed)
-    order: list[list[Example] | None] = [None] * cfg.copy_warmup  # None: a step of the copying task
+    order: list[list[Example] | str] = [COPY] * cfg.copy_warmup
     epoch = regular = 0
     drills = Drills.of(examples, DrillTokens.of(tok, fmt)) if cfg.drills else None
     times = dict(cfg.repeat)
@@ -120,11 +126,18 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                       else epoch_batches):
             order.append(batch)
             regular += 1
+            if cfg.pictures_every > 1 and regular % (cfg.pictures_every - 1) == 0:
+                order.append(PICTURES)
             if cfg.copy_every > 1 and regular % (cfg.copy_every - 1) == 0:
-                order.append(None)
+                order.append(COPY)
         epoch += 1
     copying = CopyTask.for_tokenizer(tok)
-    copy_steps = sum(b is None for b in order[: cfg.steps])
+    copy_steps = sum(b == COPY for b in order[: cfg.steps])
+    picture_steps = sum(b == PICTURES for b in order[: cfg.steps])
+    pictures = (PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt)
+                if cfg.pictures_every else None)
+    if pictures is not None and not pictures.sources:
+        raise ValueError("--pictures-every: no visual or detail trajectory to draw pictures for")
     log_path = cfg.out / "train_log.jsonl"
     model.train()
     bar = progress_bar(total=cfg.steps, initial=step, desc=f"sft {mode}", unit="step", disable=not progress)
@@ -136,12 +149,15 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
             drawn = order[step]
             for group in optimizer.param_groups:
                 group["lr"] = _lr(step, cfg)
-            if drawn is None:  # seeded per step, like the names: a resumed run draws the same rows
+            if drawn == COPY:  # seeded per step, like the names: a resumed run draws the same rows
                 generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
                 widened = step / (0.8 * cfg.copy_warmup) if cfg.copy_warmup else 1.0
                 loss, tokens = copy_loss(model, copying, cfg.copy_batch, generator, widened)
             else:
-                if renamer is not None:  # seeded per step: a resumed run draws the same names
+                if isinstance(drawn, str):  # PICTURES; seeded per step, like the names
+                    assert pictures is not None  # the schedule holds PICTURES only with picture drills
+                    drawn = pictures.draw(cfg.pictures_batch, random.Random(cfg.seed * 1_000_003 + step))
+                elif renamer is not None:  # seeded per step: a resumed run draws the same names
                     drawn = renamer(drawn, random.Random(cfg.seed * 1_000_003 + step))
                 collated = collate(drawn)
                 loss = torch.nn.functional.cross_entropy(token_logits(model, collated), collated.targets)
@@ -177,6 +193,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         "data_minutes": data_minutes,
         "drills": f"{len(drills.answers)} answer, {len(drills.queries)} query" if drills else "none",
         "copy_steps_planned": copy_steps,
+        "picture_steps_planned": picture_steps,
+        "picture_sources": len(pictures.sources) if pictures is not None else 0,
         "tokens_per_s": tokens_seen / max(time.perf_counter() - t_mark, 1e-9),
         "parameters": sum(p.numel() for p in model.parameters()),
     }

@@ -228,3 +228,15 @@ def build_world(root: str | os.PathLike[str], entities: int, seed: int, *, proce
                 "fingerprint": fingerprint(digests)}
     write_atomic(out / "manifest.json", (json.dumps(manifest, indent=1) + "\n").encode())
     return BuildReport(out, manifest, time.perf_counter() - start)
+
+
+def world_entities(root: str | os.PathLike[str]) -> list[Entity]:
+    """A built world's entities (knowledge ones first), regenerated from its manifest's seed and size:
+    the looks are not stored, and generation is deterministic (half a second for 5,000)."""
+    manifest = json.loads((Path(root) / "manifest.json").read_text(encoding="utf-8"))
+    if manifest.get("world_version") != WORLD_VERSION:
+        raise WorldError(f"{root} was built by world version {manifest.get('world_version')}, "
+                         f"this code makes version {WORLD_VERSION}: rebuild it")
+    knowledge = knowledge_entities()
+    return knowledge + generate_entities(int(manifest["entities"]), int(manifest["seed"]), fixed_names(),
+                                         knowledge_words())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from PIL import Image
+
 from ssr_server.engine.base import ImageRef
 from ssr_server.tools.registry import build_registry
 from ssr_server.world import (
@@ -49,3 +51,25 @@ def test_forced_rebuild_rewrites_the_same_bytes(tmp_path: Path) -> None:
     world.questions_path.write_text("stale")
     again = demo_world(tmp_path / "demo", force=True)
     assert (again.questions_path.read_bytes(), again.image_index_path.read_bytes()) == before
+
+
+def test_world_entities_regenerates_a_built_worlds_entities_from_its_manifest(world_dir: Path,
+                                                                             tmp_path: Path) -> None:
+    import pytest
+
+    from ssr_server.world.build import world_entities
+    from ssr_server.world.picture import draw_canvas, index_picture
+    from ssr_server.world.records import WorldError
+
+    entities = world_entities(world_dir)
+    assert entities == demo_entities()
+    on_disk = {q.entity_id for q in demo_questions(demo_world(world_dir))}
+    e = next(e for e in entities if e.id in on_disk)
+    with Image.open(world_dir / "images" / f"{e.id}.png") as img:  # the looks are the ones drawn
+        assert img.convert("RGB").tobytes() == index_picture(draw_canvas(e.look)).tobytes()
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    manifest = json.loads((world_dir / "manifest.json").read_text())
+    (stale / "manifest.json").write_text(json.dumps({**manifest, "world_version": -1}))
+    with pytest.raises(WorldError, match="rebuild"):
+        world_entities(stale)

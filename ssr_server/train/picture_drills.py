@@ -1,0 +1,178 @@
+"""Picture drills for SFT: the training split's visual and detail trajectories with a freshly drawn picture.
+
+Our tiny models' vision towers start from scratch and learn only through the answers of the trajectories:
+one answer token per picture question, each training picture seen a few times. The shipped model answered
+test colour questions 0/9 and count questions 0/15, the same few values whatever the picture: it learnt
+the answers' priors, not to look. A picture drill keeps a training trajectory token for token but draws a
+new look of the same motif (colour, count, sign, plaque and scene all redrawn) exactly as the world draws
+question images (canvas, perturbed view; for a detail question the zoom tool's crop around the plaque,
+with the zoom call's box rewritten to match the new view) and writes the new look's answer: an unlimited
+supply of pictures, in which only the picture tells the answer. The loss stays on the assistant's turns.
+
+The first move of a question about a pictured entity also rests on the picture alone: a well-known
+entity is answered from general knowledge, any other is searched by image (the shipped model chose
+wrongly for 25 of 40 test search questions). Move drills cut a search, two-hop or knowledge trajectory
+after its first assistant turn and show a new picture: a fresh view of the same well-known entity (the
+move and answer stand), or a new look of the searched entity's motif (an entity never seen: search).
+"""
+
+from __future__ import annotations
+
+import io
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from PIL import Image
+
+from ssr_server.formats.format import PromptFormat
+from ssr_server.tools.zoom import zoom_crop
+from ssr_server.train.data import Example, png
+from ssr_server.world.closed_sets import CHARS, SHAPES
+from ssr_server.world.entities import Entity, Look, draw_look
+from ssr_server.world.picture import draw_canvas, index_picture
+from ssr_server.world.records import Question
+from ssr_server.world.scene import Sign
+from ssr_server.world.views import make_view, zoom_box
+
+ASPECTS = ("colour", "count", "shape", "char", "plaque")  # what a visual or detail question reads
+KNOWN, UNKNOWN = "known", "unknown"  # move drills: the same well-known entity / a never-seen look
+
+
+@dataclass(frozen=True)
+class PictureSource:
+    example: Example
+    motif: str
+    aspect: str  # one of ASPECTS, KNOWN or UNKNOWN
+    answer: tuple[int, ...] | None  # reading: the answer action's tokens (<answer>purple</answer>)
+    box: tuple[int, ...] | None  # detail: the zoom call's box numbers' tokens ("496, 735, 621, 897")
+    look: Look | None = None  # KNOWN: the well-known entity's look, drawn in a fresh view
+
+
+def _find(ids: Sequence[int], part: Sequence[int]) -> list[int]:
+    k = len(part)
+    return [i for i in range(len(ids) - k + 1) if tuple(ids[i : i + k]) == tuple(part)]
+
+
+def _swap(ids: list[int], mask: list[bool], old: Sequence[int], new: Sequence[int]) -> None:
+    """Replace the one occurrence of ``old`` (checked when the source was made) by ``new``, in place."""
+    at = _find(ids, old)[0]
+    flag = mask[at]
+    ids[at : at + len(old)] = list(new)
+    mask[at : at + len(old)] = [flag] * len(new)
+
+
+def new_look(rng: random.Random, motif: str, aspect: str) -> Look:
+    """A random look of ``motif`` whose big sign shows a ``aspect`` when the question asks for one
+    (``UNKNOWN``: any look)."""
+    look = draw_look(rng, motif)
+    if aspect in ("shape", "char") and look.sign.kind != aspect:
+        look = replace(look, sign=Sign(aspect, rng.choice(SHAPES if aspect == "shape" else CHARS)))
+    return look
+
+
+def answer_of(look: Look, aspect: str) -> str:
+    """The gold answer a question about ``aspect`` has for ``look`` (as ``world.questions`` writes it)."""
+    return {"colour": look.colour, "count": str(look.count), "shape": look.sign.value,
+            "char": look.sign.value, "plaque": look.plaque}[aspect]
+
+
+def _first_move(ex: Example, e: Entity, image_pad: int) -> PictureSource | None:
+    """``ex`` up to the end of its first assistant turn, as a move drill; None unless exactly one
+    picture (the question's) comes before that turn."""
+    try:
+        first = ex.mask.index(True)
+    except ValueError:
+        return None
+    end = first
+    while end < len(ex.mask) and ex.mask[end]:
+        end += 1
+    if sum(1 for i in ex.ids[:first] if i == image_pad) != 1:
+        return None
+    cut = Example(ex.key, ex.kind, ex.ids[:end], ex.mask[:end], ex.images[:1])
+    return PictureSource(cut, e.look.motif, KNOWN if e.knowledge else UNKNOWN, None, None,
+                         e.look if e.knowledge else None)
+
+
+class PictureDrills:
+    """Sources (visual and detail trajectories whose answer and box were found) and the drawing of drills."""
+
+    def __init__(self, sources: Sequence[PictureSource], tok: Any, fmt: PromptFormat) -> None:
+        self.sources = list(sources)
+        self.tok = tok
+        self.fmt = fmt
+
+    def _enc(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tok.encode(text, add_special_tokens=False))
+
+    def _answer(self, value: str) -> tuple[int, ...]:
+        return self._enc(self.fmt.actions.answer.open + value + self.fmt.actions.answer.close)
+
+    @classmethod
+    def of(cls, examples: Sequence[Example], questions: Sequence[Question], entities: Sequence[Entity],
+           tok: Any, fmt: PromptFormat, *, moves: bool = True) -> PictureDrills:
+        """The sources among ``examples``: visual and detail trajectories (one image, or the question's
+        and the zoomed crop) in which the answer and, for detail, the zoom box occur exactly once; with
+        ``moves``, the first turns of search, two-hop and knowledge trajectories too."""
+        by_id = {q.id: q for q in questions}
+        by_entity = {e.id: e for e in entities}
+        drills = cls([], tok, fmt)
+        image_pad = int(tok.convert_tokens_to_ids("<|image_pad|>"))
+        for ex in examples:
+            q = by_id.get(ex.key.split("/", 1)[0])
+            e = by_entity.get(q.entity_id) if q is not None else None
+            if q is None or e is None or not ex.images:
+                continue
+            if q.kind in ("visual", "detail") and q.attribute in ASPECTS:
+                source = drills._reading(ex, q, e)
+            elif moves and q.kind in ("search", "two_hop", "knowledge"):
+                source = _first_move(ex, e, image_pad)
+            else:
+                continue
+            if source is not None:
+                drills.sources.append(source)
+        return drills
+
+    def _reading(self, ex: Example, q: Question, e: Entity) -> PictureSource | None:
+        if len(ex.images) != (1 if q.kind == "visual" else 2):
+            return None
+        answer = self._answer(q.answer)
+        box = None
+        if q.kind == "detail":
+            if q.moves[0].box is None:
+                return None
+            box = self._enc(", ".join(str(int(v)) for v in q.moves[0].box))
+        if len(_find(ex.ids, answer)) != 1 or (box is not None and len(_find(ex.ids, box)) != 1):
+            return None
+        return PictureSource(ex, e.look.motif, q.attribute, answer, box)
+
+    def drill(self, source: PictureSource, rng: random.Random) -> Example:
+        """``source`` with a new picture and, for a reading drill, the new answer (and zoom box)."""
+        for _ in range(8):  # a plaque can (rarely) fall outside a view: draw again
+            look = source.look if source.look is not None else new_look(rng, source.motif, source.aspect)
+            canvas = draw_canvas(look)
+            view = make_view(index_picture(canvas), rng.getrandbits(63))
+            try:
+                box = zoom_box(view.crop, canvas.plaque_box) if source.box is not None else None
+            except ValueError:
+                continue
+            break
+        else:
+            raise RuntimeError(f"no view of motif {source.motif!r} keeps its plaque in 8 draws")
+        with Image.open(io.BytesIO(view.jpeg)) as decoded:  # the pixels a question image has
+            picture = decoded.convert("RGB")
+        ids, mask = list(source.example.ids), list(source.example.mask)
+        if source.answer is not None:
+            _swap(ids, mask, source.answer, self._answer(answer_of(look, source.aspect)))
+        images: tuple[bytes, ...] = (png(picture, compress_level=1),)
+        if source.box is not None and box is not None:
+            _swap(ids, mask, source.box, self._enc(", ".join(map(str, box))))
+            images += (png(zoom_crop(picture, box), compress_level=1),)
+        return Example(source.example.key + "/picture", source.example.kind, tuple(ids), tuple(mask), images)
+
+    def draw(self, n: int, rng: random.Random) -> list[Example]:
+        """``n`` drills of sources drawn uniformly (with replacement), each with a fresh look."""
+        if not self.sources:
+            return []
+        return [self.drill(rng.choice(self.sources), rng) for _ in range(n)]

@@ -1,0 +1,149 @@
+"""SFT's picture drills: real visual and detail trajectories with a freshly drawn picture and its answer."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import random
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image, ImageChops
+
+from ssr_server.tools.zoom import zoom_crop
+from ssr_server.train.data import Example
+from ssr_server.train.picture_drills import ASPECTS, KNOWN, UNKNOWN, PictureDrills, answer_of, new_look
+from ssr_server.world.closed_sets import CHARS, COLOURS, SHAPES
+
+
+@pytest.fixture(scope="module")
+def drills(world_dir: Path) -> tuple[Any, PictureDrills, list[Example]]:
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.setup import new_model, oracle_examples
+    from ssr_server.world import load_questions
+    from ssr_server.world.build import world_entities
+
+    fmt, library = get_format(), LibraryRegistry().get("default")
+    questions = load_questions(world_dir / "questions.jsonl")
+    train = [q for q in questions if q.split == "train"]
+    _, tok = new_model("64x1", world_dir, train, fmt, library, 0)
+    pictured = [q for q in train if q.kind in ("visual", "detail")][:12]
+    picked = [*pictured, *(next(q for q in train if q.kind == k) for k in ("search", "knowledge", "named"))]
+    examples, dropped = asyncio.run(oracle_examples(world_dir, picked, tok, fmt, library, "ssr",
+                                                    progress=False))
+    assert dropped == 0
+    return tok, PictureDrills.of(examples, questions, world_entities(world_dir), tok, fmt), examples
+
+
+def _image(data: bytes) -> Image.Image:
+    with Image.open(io.BytesIO(data)) as img:
+        return img.convert("RGB")
+
+
+def _answer(tok: Any, ex: Example) -> str:
+    found = re.findall(r"<answer>(.*?)</answer>", tok.decode(list(ex.ids)))  # the system prompt's first
+    return str(found[-1])
+
+
+def test_every_pictured_trajectory_is_a_source_and_nothing_else(drills: Any) -> None:
+    _, d, examples = drills
+    assert sorted(s.example.key for s in d.sources) == sorted(e.key for e in examples if e.kind != "named")
+    reading = [s for s in d.sources if s.aspect in ASPECTS]
+    assert sorted(s.example.key for s in reading) == sorted(e.key for e in examples
+                                                           if e.kind in ("visual", "detail"))
+    assert all((s.box is not None) == (s.aspect == "plaque") for s in d.sources)
+    assert {s.aspect for s in d.sources if s.aspect not in ASPECTS} == {KNOWN, UNKNOWN}
+
+
+def test_a_move_drill_is_the_first_turn_with_a_new_picture_of_a_known_or_unknown_entity(
+        drills: Any, world_dir: Path) -> None:
+    from ssr_server.world.build import world_entities
+
+    tok, d, examples = drills
+    by_key = {e.key: e for e in examples}
+    looks = {e.id: e.look for e in world_entities(world_dir)}
+    for source in (s for s in d.sources if s.aspect in (KNOWN, UNKNOWN)):
+        full = by_key[source.example.key]
+        turns = tok.decode(list(source.example.ids)).split("<|im_start|>")
+        assert turns[-1].startswith("assistant") and turns[-1].endswith("<|im_end|>")
+        assert tok.decode(list(full.ids)).startswith(tok.decode(list(source.example.ids)))
+        assert len(source.example.images) == 1 and source.answer is None and source.box is None
+        drill = d.drill(source, random.Random(11))
+        assert drill.ids == source.example.ids and drill.mask == source.example.mask  # same words
+        assert drill.images[0] != source.example.images[0]
+        if source.aspect == KNOWN:  # a fresh view of the well-known entity's own picture
+            assert source.look is not None and source.look in looks.values()
+            assert full.kind == "knowledge"
+        else:
+            assert source.look is None and full.kind == "search"
+
+
+def test_a_drill_is_its_trajectory_with_a_new_answer_from_the_aspects_closed_set(drills: Any) -> None:
+    tok, d, _ = drills
+    closed = {"colour": set(COLOURS), "count": {str(n) for n in range(1, 7)}, "shape": set(SHAPES),
+              "char": set(CHARS), "plaque": set(CHARS)}
+    for source in (s for s in d.sources if s.aspect in ASPECTS):
+        answers = set()
+        for seed in range(6):
+            drill = d.drill(source, random.Random(seed))
+            answer = _answer(tok, drill)
+            assert answer in closed[source.aspect]
+            answers.add(answer)
+            old, new = tok.decode(list(source.example.ids)), tok.decode(list(drill.ids))
+            # the text differs only in the answer (and the zoom box of a detail question)
+            strip = r"<answer>.*?</answer>|\"bbox_2d\": \[[^\]]*\]"
+            assert re.sub(strip, "", old) == re.sub(strip, "", new)
+            said = [t for t, m in zip(drill.ids, drill.mask, strict=True) if m]
+            assert f"<answer>{answer}</answer>" in tok.decode(said)  # the new answer is in the loss
+            assert len(drill.images) == len(source.example.images)
+            assert drill.images[0] != source.example.images[0]
+        assert len(answers) >= 2, (source.aspect, answers)  # six fresh looks, not one remembered answer
+
+
+def test_the_answer_is_the_drawn_looks_and_the_picture_is_drawn_from_it(drills: Any) -> None:
+    """The drill's rng draws the look first: the same seed gives the look the answer must come from."""
+    tok, d, _ = drills
+    for source in (s for s in d.sources if s.aspect in ASPECTS):
+        look = new_look(random.Random(3), source.motif, source.aspect)
+        assert _answer(tok, d.drill(source, random.Random(3))) == answer_of(look, source.aspect)
+        if source.aspect in ("shape", "char"):
+            assert look.sign.kind == source.aspect
+
+
+def test_a_detail_drills_zoom_call_box_crops_its_question_image_to_its_zoomed_image(drills: Any) -> None:
+    tok, d, _ = drills
+    details = [s for s in d.sources if s.box is not None]
+    assert details
+    for source in details:
+        drill = d.drill(source, random.Random(7))
+        box = json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", tok.decode(list(drill.ids)))[0])
+        expected = zoom_crop(_image(drill.images[0]), tuple(box))
+        assert ImageChops.difference(expected, _image(drill.images[1])).getbbox() is None
+
+
+def test_sft_puts_picture_batches_where_the_schedule_says(world_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from ssr_server.train import sft
+    from ssr_server.train.data import Collator
+
+    seen: list[list[str]] = []
+
+    class Recording(Collator):
+        def __call__(self, examples: Sequence[Example]) -> Any:
+            seen.append([e.key for e in examples])
+            return super().__call__(examples)
+
+    monkeypatch.setattr(sft, "Collator", Recording)
+    figures = sft.train_sft(sft.SFTConfig(world=world_dir, out=tmp_path / "pictures", init="64x1", steps=6,
+                                          batch_size=2, limit=24, warmup=1, threads=1, pictures_every=3,
+                                          pictures_batch=5, cache_examples=False), progress=False)
+    # R R P R R P: a picture batch after every two trajectory batches
+    kinds = ["P" if all(k.endswith("/picture") for k in keys) else "R" for keys in seen]
+    assert kinds == list("RRPRRP") and figures["picture_steps_planned"] == 2
+    assert [len(keys) for keys, k in zip(seen, kinds, strict=True) if k == "P"] == [5, 5]
+    assert figures["picture_sources"] > 0

@@ -1,0 +1,35 @@
+"""``ssr-server train sft | grpo``: options reach the configs; bad values are refused before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from ssr_server.cli import app
+
+
+def test_sft_refuses_a_step_kind_every_single_step(tmp_path: Path) -> None:
+    for option in ("--copy-every", "--pictures-every"):
+        args = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o"), option, "1"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2 and option in result.output
+        assert not (tmp_path / "o").exists()
+
+
+def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from ssr_server.train import grpo
+
+    seen: list[Any] = []
+    monkeypatch.setattr(grpo, "train_grpo", lambda cfg: seen.append(cfg) or {})
+    base = ["train", "grpo", "--world", str(tmp_path), "--init", str(tmp_path), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [*base, "--tau", "0.05", "--temperature", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert (seen[0].tau, seen[0].temperature) == (0.05, 0.5)
+    result = CliRunner().invoke(app, [*base])
+    assert (seen[1].tau, seen[1].temperature) == (1.0, 1.0)  # the issue's defaults
+    result = CliRunner().invoke(app, [*base, "--tau", "0"])
+    assert result.exit_code == 2 and "--tau" in result.output and len(seen) == 2

@@ -1,0 +1,91 @@
+"""``train vision``: pictures drawn with their labels, masked pooling, the tower learns, the LM is kept."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ssr_server.train.vision import (
+    LABELS,
+    PoolHead,
+    TowerTrainer,
+    VisionConfig,
+    draw_pictures,
+    reinit_tower,
+    train_vision,
+)
+from ssr_server.world.picture import PICTURE_SIZE
+
+
+def test_pictures_are_question_views_and_zoom_crops_with_labels_in_range() -> None:
+    pics = draw_pictures(12, random.Random(0))
+    assert len(pics.views) == len(pics.crops) == 12
+    assert all(v.size == PICTURE_SIZE for v in pics.views)
+    assert all(min(c.size) >= 224 for c in pics.crops)  # the zoom tool's upscaled crop
+    for key, classes in LABELS.items():
+        assert pics.labels[key].shape == (12,)
+        assert int(pics.labels[key].min()) >= 0 and int(pics.labels[key].max()) < len(classes)
+    assert len(set(pics.labels["colour"].tolist())) > 1  # new looks, not one
+    again = draw_pictures(12, random.Random(0))  # seeded: the same pictures
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(pics.views, again.views, strict=True))
+
+
+def test_padding_tokens_do_not_change_a_heads_output() -> None:
+    torch.manual_seed(0)
+    head = PoolHead(8, 3)
+    feats = torch.randn(2, 5, 8)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    out = head(feats, mask)
+    feats[1, 3:] = 1e3  # garbage in the padding
+    assert torch.allclose(head(feats, mask), out)
+
+
+def test_the_tower_fits_a_fixed_batch(tiny_model_dir: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    from ssr_server.train.setup import load_model
+
+    torch.manual_seed(0)
+    model, _ = load_model(tiny_model_dir)
+    trainer = TowerTrainer(model, AutoImageProcessor.from_pretrained(tiny_model_dir, backend="pil"))
+    pics = draw_pictures(8, random.Random(1))
+    opt = torch.optim.AdamW([*trainer.tower.parameters(), *trainer.heads.parameters()], lr=3e-3)
+    first = None
+    for _ in range(40):
+        loss, _ = trainer.loss(pics)
+        first = float(loss.detach()) if first is None else first
+        opt.zero_grad()
+        loss.backward()  # type: ignore[no-untyped-call]
+        opt.step()
+    final, accuracy = trainer.loss(pics)
+    assert float(final) < 0.5 * first, (first, float(final))
+    assert accuracy["colour"] > 0.5
+
+
+def test_train_vision_changes_the_tower_only_and_writes_a_card(tiny_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "vision"
+    figures = train_vision(VisionConfig(init=tiny_model_dir, out=out, steps=3, batch_size=4, threads=1,
+                                        eval_pictures=8, reinit=True), progress=False)
+    assert figures["steps"] == 3 and set(LABELS) <= {k.split(".", 1)[1] for k in figures if "accuracy." in k}
+    before = load_file(str(tiny_model_dir / "model.safetensors"))
+    after = load_file(str(out / "model.safetensors"))
+    assert before.keys() == after.keys()  # the heads are not kept
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(".visual." in k for k in changed), sorted(changed)[:5]
+    assert "train vision" in (out / "README.md").read_text()
+    assert len((out / "train_log.jsonl").read_text().splitlines()) == 0  # log_every 25 > 3 steps
+    assert json.loads((out / "ssr_tiny.json").read_text())["trained"] == "vision"
+
+
+def test_reinit_gives_fresh_weights(tiny_model_dir: Path) -> None:
+    from ssr_server.train.setup import load_model
+
+    model, _ = load_model(tiny_model_dir)
+    tower = model.model.visual
+    reinit_tower(tower, torch.Generator().manual_seed(0))
+    norms = [n for n, p in tower.named_parameters() if "norm" in n and n.endswith("weight")]
+    assert norms and all(torch.all(dict(tower.named_parameters())[n] == 1) for n in norms)
