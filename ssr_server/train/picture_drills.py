@@ -55,12 +55,14 @@ def _find(ids: Sequence[int], part: Sequence[int]) -> list[int]:
     return [i for i in range(len(ids) - k + 1) if tuple(ids[i : i + k]) == tuple(part)]
 
 
-def _swap(ids: list[int], mask: list[bool], old: Sequence[int], new: Sequence[int]) -> None:
-    """Replace the one occurrence of ``old`` (checked when the source was made) by ``new``, in place."""
+def _swap(ids: list[int], mask: list[bool], old: Sequence[int], new: Sequence[int]) -> tuple[int, int]:
+    """Replace the one occurrence of ``old`` (checked when the source was made) by ``new``, in place;
+    returns where ``new`` now is."""
     at = _find(ids, old)[0]
     flag = mask[at]
     ids[at : at + len(old)] = list(new)
     mask[at : at + len(old)] = [flag] * len(new)
+    return at, at + len(new)
 
 
 def new_look(rng: random.Random, motif: str, aspect: str) -> Look:
@@ -163,12 +165,19 @@ class PictureDrills:
         with Image.open(io.BytesIO(view.jpeg)) as decoded:  # the pixels a question image has
             picture = decoded.convert("RGB")
         ids, mask = list(source.example.ids), list(source.example.mask)
-        if source.answer is not None:
-            _swap(ids, mask, source.answer, self._answer(answer_of(look, source.aspect)))
         images: tuple[bytes, ...] = (png(picture, compress_level=1),)
-        if source.box is not None and box is not None:
-            _swap(ids, mask, source.box, self._enc(", ".join(map(str, box))))
+        learnt: list[tuple[int, int]] = []  # what the new picture decides
+        if source.box is not None and box is not None:  # the zoom call comes before the answer
+            learnt.append(_swap(ids, mask, source.box, self._enc(", ".join(map(str, box)))))
             images += (png(zoom_crop(picture, box), compress_level=1),)
+        if source.answer is not None:
+            learnt.append(_swap(ids, mask, source.answer, self._answer(answer_of(look, source.aspect))))
+            # A reading drill's loss is on the answer (and box) only: the rationale and the tags are
+            # learnt already, and averaged over ~65 such tokens the answer's gradient was ~1/65 of a
+            # trajectory batch's under the same Adam statistics (the tower did not learn to read).
+            mask = [False] * len(ids)
+            for a, b in learnt:
+                mask[a:b] = [True] * (b - a)
         return Example(source.example.key + "/picture", source.example.kind, tuple(ids), tuple(mask), images)
 
     def draw(self, n: int, rng: random.Random) -> list[Example]:

@@ -99,7 +99,10 @@ def test_a_drill_is_its_trajectory_with_a_new_answer_from_the_aspects_closed_set
             strip = r"<answer>.*?</answer>|\"bbox_2d\": \[[^\]]*\]"
             assert re.sub(strip, "", old) == re.sub(strip, "", new)
             said = [t for t, m in zip(drill.ids, drill.mask, strict=True) if m]
-            assert f"<answer>{answer}</answer>" in tok.decode(said)  # the new answer is in the loss
+            # the loss is on what the picture decides: the answer, and a detail question's zoom box
+            box = re.findall(r"\"bbox_2d\": \[([^\]]*)\]", new)
+            expected = (box[0] if source.box is not None else "") + f"\n<answer>{answer}</answer>"
+            assert tok.decode(said) == expected  # the format's answer opening starts a line
             assert len(drill.images) == len(source.example.images)
             assert drill.images[0] != source.example.images[0]
         assert len(answers) >= 2, (source.aspect, answers)  # six fresh looks, not one remembered answer

@@ -87,5 +87,9 @@ def test_reinit_gives_fresh_weights(tiny_model_dir: Path) -> None:
     model, _ = load_model(tiny_model_dir)
     tower = model.model.visual
     reinit_tower(tower, torch.Generator().manual_seed(0))
-    norms = [n for n, p in tower.named_parameters() if "norm" in n and n.endswith("weight")]
-    assert norms and all(torch.all(dict(tower.named_parameters())[n] == 1) for n in norms)
+    params = dict(tower.named_parameters())
+    norms = [n for n in params if "norm" in n and n.endswith("weight")]
+    assert norms and all(torch.all(params[n] == 1) for n in norms)
+    deep = [n for n in params if n.startswith("deepstack_merger_list.") and ".linear_fc2." in n]
+    assert deep and all(torch.all(params[n] == 0) for n in deep)  # the deepstack branches start silent
+    assert float(params["merger.linear_fc2.weight"].std()) > 0.01
