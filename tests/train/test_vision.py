@@ -62,7 +62,7 @@ def test_the_tower_fits_a_fixed_batch(tiny_model_dir: Path) -> None:
         loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     final, accuracy = trainer.loss(pics)
-    assert float(final) < 0.5 * first, (first, float(final))
+    assert float(final.detach()) < 0.5 * first, (first, float(final.detach()))
     assert accuracy["colour"] > 0.5
 
 
