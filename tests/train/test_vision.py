@@ -92,4 +92,4 @@ def test_reinit_gives_fresh_weights(tiny_model_dir: Path) -> None:
     assert norms and all(torch.all(params[n] == 1) for n in norms)
     deep = [n for n in params if n.startswith("deepstack_merger_list.") and ".linear_fc2." in n]
     assert deep and all(torch.all(params[n] == 0) for n in deep)  # the deepstack branches start silent
-    assert float(params["merger.linear_fc2.weight"].std()) > 0.01
+    assert float(params["merger.linear_fc2.weight"].detach().std()) > 0.01
