@@ -97,8 +97,24 @@ def _first_move(ex: Example, e: Entity, image_pad: int) -> PictureSource | None:
                          e.look if e.knowledge else None)
 
 
+def question_picture(look: Look, rng: random.Random) -> tuple[Image.Image, tuple[int, int, int, int],
+                                                              Image.Image] | None:
+    """A question image of ``look`` as the world draws one (a perturbed view of its picture), the gold zoom
+    box around its plaque and the zoom tool's crop there; None when the plaque fell outside the view."""
+    canvas = draw_canvas(look)
+    view = make_view(index_picture(canvas), rng.getrandbits(63))
+    try:
+        box = zoom_box(view.crop, canvas.plaque_box)
+    except ValueError:
+        return None
+    with Image.open(io.BytesIO(view.jpeg)) as decoded:  # the pixels a question image has
+        picture = decoded.convert("RGB")
+    return picture, box, zoom_crop(picture, box)
+
+
 class PictureDrills:
-    """Sources (visual and detail trajectories whose answer and box were found) and the drawing of drills."""
+    """Sources (reading: visual and detail trajectories; moves: first turns of pictured questions) and the
+    drawing of drills."""
 
     def __init__(self, sources: Sequence[PictureSource], tok: Any, fmt: PromptFormat) -> None:
         self.sources = list(sources)
@@ -153,28 +169,23 @@ class PictureDrills:
         """``source`` with a new picture and, for a reading drill, the new answer (and zoom box)."""
         for _ in range(8):  # a plaque can (rarely) fall outside a view: draw again
             look = source.look if source.look is not None else new_look(rng, source.motif, source.aspect)
-            canvas = draw_canvas(look)
-            view = make_view(index_picture(canvas), rng.getrandbits(63))
-            try:
-                box = zoom_box(view.crop, canvas.plaque_box) if source.box is not None else None
-            except ValueError:
-                continue
-            break
+            drawn = question_picture(look, rng)
+            if drawn is not None:
+                break
         else:
             raise RuntimeError(f"no view of motif {source.motif!r} keeps its plaque in 8 draws")
-        with Image.open(io.BytesIO(view.jpeg)) as decoded:  # the pixels a question image has
-            picture = decoded.convert("RGB")
+        picture, box, crop = drawn
         ids, mask = list(source.example.ids), list(source.example.mask)
         images: tuple[bytes, ...] = (png(picture, compress_level=1),)
         learnt: list[tuple[int, int]] = []  # what the new picture decides
-        if source.box is not None and box is not None:  # the zoom call comes before the answer
+        if source.box is not None:  # the zoom call comes before the answer
             learnt.append(_swap(ids, mask, source.box, self._enc(", ".join(map(str, box)))))
-            images += (png(zoom_crop(picture, box), compress_level=1),)
+            images += (png(crop, compress_level=1),)
         if source.answer is not None:
             learnt.append(_swap(ids, mask, source.answer, self._answer(answer_of(look, source.aspect))))
             # A reading drill's loss is on the answer (and box) only: the rationale and the tags are
             # learnt already, and averaged over ~65 such tokens the answer's gradient was ~1/65 of a
-            # trajectory batch's under the same Adam statistics (the tower did not learn to read).
+            # trajectory batch's under the same Adam statistics.
             mask = [False] * len(ids)
             for a, b in learnt:
                 mask[a:b] = [True] * (b - a)

@@ -14,7 +14,6 @@ teaches the language model to read the new features.
 
 from __future__ import annotations
 
-import io
 import json
 import random
 import time
@@ -28,15 +27,13 @@ from PIL import Image
 
 from ssr_server.engine.tiny import save_model
 from ssr_server.progress import progress_bar
-from ssr_server.tools.zoom import zoom_crop
 from ssr_server.train.checkpoint import reproduce, write_card
+from ssr_server.train.picture_drills import question_picture
 from ssr_server.train.schedule import cosine_lr
 from ssr_server.train.setup import load_model
 from ssr_server.world.categories import MOTIFS
 from ssr_server.world.closed_sets import CHARS, COLOURS, COUNTS, SHAPES
 from ssr_server.world.entities import draw_look
-from ssr_server.world.picture import draw_canvas, index_picture
-from ssr_server.world.views import make_view, zoom_box
 
 SIGNS: tuple[str, ...] = SHAPES + CHARS  # the big sign shows one shape or one character
 LABELS: dict[str, tuple[str, ...]] = {"colour": tuple(sorted(COLOURS)), "count": tuple(map(str, COUNTS)),
@@ -75,16 +72,12 @@ def draw_pictures(n: int, rng: random.Random) -> Pictures:
     motifs = sorted(MOTIFS)
     while len(views) < n:
         look = draw_look(rng, rng.choice(motifs))
-        canvas = draw_canvas(look)
-        view = make_view(index_picture(canvas), rng.getrandbits(63))
-        try:
-            box = zoom_box(view.crop, canvas.plaque_box)
-        except ValueError:  # the plaque fell outside this view (rare): draw another
+        drawn = question_picture(look, rng)
+        if drawn is None:  # the plaque fell outside this view (rare): draw another
             continue
-        with Image.open(io.BytesIO(view.jpeg)) as decoded:
-            picture = decoded.convert("RGB")
+        picture, _, crop = drawn
         views.append(picture)
-        crops.append(zoom_crop(picture, box))
+        crops.append(crop)
         for key, value in (("colour", look.colour), ("count", str(look.count)), ("sign", look.sign.value),
                            ("plaque", look.plaque)):
             labels[key].append(LABELS[key].index(value))
