@@ -215,6 +215,31 @@ def bench_serve(
     typer.echo(serve_bench.format_table(result))
 
 
+@bench_app.command("batching")
+def bench_batching(
+    model: Annotated[str | None, typer.Option(help="model dir (default: the offline tiny model)")] = None,
+    concurrency: Annotated[list[int] | None, typer.Option(help="runs sharing a forward (repeatable)")] = None,
+    past_tokens: Annotated[int, typer.Option(min=1, help="tokens of each run's cached context")] = 600,
+    repeats: Annotated[int, typer.Option(min=1, help="forwards timed per point (median)")] = 9,
+    json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+) -> None:
+    """How one forward's cost grows with the runs sharing it (decode steps, selections): embedded engine."""
+    import asyncio
+
+    from ssr_server.bench.batching import LEVELS, format_batching, run_batching_bench
+    from ssr_server.engine.factory import resolve_model
+    from ssr_server.engine.torch.config import EngineConfig
+    from ssr_server.engine.torch.engine import TorchEngine
+
+    settings = _settings(model=model)
+    engine = TorchEngine(resolve_model(settings), EngineConfig.from_settings(settings), start=False)
+    try:
+        result = run_batching_bench(engine, tuple(concurrency or LEVELS), past_tokens, repeats, json_path)
+    finally:
+        asyncio.run(engine.close())
+    typer.echo(format_batching(result))
+
+
 @bench_app.command("overload")
 def bench_overload(
     running: Annotated[int, typer.Option(help="SSR_MAX_CONCURRENT_RUNS of the server")] = 16,
@@ -523,24 +548,27 @@ def train_sft_command(
                                                           "per epoch (repeatable)")] = None,
     pictures_every: Annotated[int, typer.Option(min=0, help="every Nth step a batch of picture drills: "
                                                             "visual/detail trajectories with a freshly "
-                                                            "drawn picture (0: never)")] = 0,
+                                                            "drawn picture (0: never; 1: every step, "
+                                                            "a reading phase)")] = 0,
     pictures_batch: Annotated[int, typer.Option(min=1, help="drills per picture batch")] = 32,
+    picture_moves: Annotated[bool, typer.Option(help="picture drills also of first moves (search, two-hop, "
+                                                     "knowledge), not only of reading")] = True,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
 
     if format not in ("ssr", "freeform"):
         raise typer.BadParameter("format must be ssr or freeform")
-    for name, every in (("--copy-every", copy_every), ("--pictures-every", pictures_every)):
-        if every == 1:
-            raise typer.BadParameter(f"{name} takes 0 (never) or N >= 2 (every Nth step)")
+    if copy_every == 1:
+        raise typer.BadParameter("--copy-every takes 0 (never) or N >= 2 (every Nth step)")
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
                                   label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
                                   threads=threads, rename=rename, drills=drills,
                                   drill_sizes=_int_pair(drill_sizes, "--drill-sizes"), copy_every=copy_every,
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
-                                  pictures_every=pictures_every, pictures_batch=pictures_batch))
+                                  pictures_every=pictures_every, pictures_batch=pictures_batch,
+                                  picture_moves=picture_moves))
     _report_training(figures, out)
 
 

@@ -68,8 +68,10 @@ class SFTConfig:
     # over the first 80% of them: copying.py)
     copy_batch: int = 32  # rows per copying batch
     repeat: tuple[tuple[str, int], ...] = ()  # (kind, n): that kind's examples n times per epoch
-    pictures_every: int = 0  # every Nth step is a batch of picture drills (picture_drills.py); 0: never
+    pictures_every: int = 0  # every Nth step is a batch of picture drills (picture_drills.py); 0: never;
+    # 1: every step (a reading phase: no trajectory batches at all)
     pictures_batch: int = 32  # drills per picture batch
+    picture_moves: bool = True  # picture drills include first moves, not only reading (visual/detail)
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -120,6 +122,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     drills = Drills.of(examples, DrillTokens.of(tok, fmt)) if cfg.drills else None
     times = dict(cfg.repeat)
     pool = [e for e in examples for _ in range(times.get(e.kind, 1))]
+    if cfg.pictures_every == 1:  # a reading phase: picture drills only
+        order += [PICTURES] * max(0, cfg.steps - len(order))
     while len(order) < cfg.steps:  # the whole schedule up front: resuming replays the same batches
         epoch_batches = batches(pool, cfg.batch_size, rng)
         for batch in (drills.interleave(epoch_batches, cfg.batch_size, rng, cfg.drill_sizes) if drills
@@ -134,8 +138,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     copying = CopyTask.for_tokenizer(tok)
     copy_steps = sum(b == COPY for b in order[: cfg.steps])
     picture_steps = sum(b == PICTURES for b in order[: cfg.steps])
-    pictures = (PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt)
-                if cfg.pictures_every else None)
+    pictures = (PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt,
+                                 moves=cfg.picture_moves) if cfg.pictures_every else None)
     if pictures is not None and not pictures.sources:
         raise ValueError("--pictures-every: no visual or detail trajectory to draw pictures for")
     log_path = cfg.out / "train_log.jsonl"

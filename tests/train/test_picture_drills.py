@@ -150,3 +150,26 @@ def test_sft_puts_picture_batches_where_the_schedule_says(world_dir: Path, tmp_p
     assert kinds == list("RRPRRP") and figures["picture_steps_planned"] == 2
     assert [len(keys) for keys, k in zip(seen, kinds, strict=True) if k == "P"] == [5, 5]
     assert figures["picture_sources"] > 0
+
+
+def test_a_reading_phase_is_picture_drills_of_reading_only(world_dir: Path, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from ssr_server.train import sft
+    from ssr_server.train.data import Collator
+
+    seen: list[list[Example]] = []
+
+    class Recording(Collator):
+        def __call__(self, examples: Sequence[Example]) -> Any:
+            seen.append(list(examples))
+            return super().__call__(examples)
+
+    monkeypatch.setattr(sft, "Collator", Recording)
+    figures = sft.train_sft(sft.SFTConfig(world=world_dir, out=tmp_path / "reading", init="64x1", steps=3,
+                                          batch_size=2, limit=40, warmup=1, threads=1, pictures_every=1,
+                                          pictures_batch=6, picture_moves=False, cache_examples=False),
+                            progress=False)
+    assert figures["picture_steps_planned"] == 3 and len(seen) == 3
+    drills = [e for batch in seen for e in batch]
+    assert all(e.key.endswith("/picture") for e in drills)
+    assert {e.kind for e in drills} <= {"visual", "detail"}  # no first-move drills

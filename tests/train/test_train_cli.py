@@ -11,12 +11,25 @@ from typer.testing import CliRunner
 from ssr_server.cli import app
 
 
-def test_sft_refuses_a_step_kind_every_single_step(tmp_path: Path) -> None:
-    for option in ("--copy-every", "--pictures-every"):
-        args = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o"), option, "1"]
-        result = CliRunner().invoke(app, args)
-        assert result.exit_code == 2 and option in result.output
-        assert not (tmp_path / "o").exists()
+def test_sft_refuses_copying_every_single_step(tmp_path: Path) -> None:
+    args = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o"), "--copy-every", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--copy-every" in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_sft_passes_a_reading_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ssr_server.train import sft
+
+    seen: list[Any] = []
+    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
+    monkeypatch.setattr("ssr_server.cli._report_training", lambda figures, out: None)
+    base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [*base, "--pictures-every", "1", "--no-picture-moves"])
+    assert result.exit_code == 0, result.output
+    assert (seen[0].pictures_every, seen[0].picture_moves) == (1, False)
+    CliRunner().invoke(app, base)
+    assert (seen[1].pictures_every, seen[1].picture_moves) == (0, True)
 
 
 def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Path,
