@@ -594,6 +594,34 @@ def train_vision_command(
     _report_training(figures, out)
 
 
+@train_app.command("probe")
+def train_probe_command(
+    world: Annotated[Path, typer.Option(help="a `world build` folder")],
+    model: Annotated[str | None, typer.Option(help="model dir (default: the shipped model)")] = None,
+    split: Annotated[str, typer.Option(help="train | dev | test: whose visual/detail trajectories")] = "test",
+    drills: Annotated[int, typer.Option(min=2, help="reading drills drawn")] = 128,
+    seed: Annotated[int, typer.Option()] = 12345,
+    threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
+    json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+) -> None:
+    """Does the model read its pictures? Teacher-forced answers on fresh pictures vs another drill's."""
+    from ssr_server.engine.factory import resolve_model
+    from ssr_server.train.reading_probe import ProbeConfig, format_probe, run_probe
+
+    if split not in ("train", "dev", "test"):
+        raise typer.BadParameter("split must be train, dev or test")
+    if not (world / "questions.jsonl").is_file():
+        raise typer.BadParameter(f"{world} is not a built world (no questions.jsonl)")
+    try:
+        result = run_probe(ProbeConfig(world=world, model=resolve_model(_settings(model=model)), split=split,
+                                       drills=drills, seed=seed, threads=threads))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if json_path:
+        Path(json_path).write_text(json.dumps(result, indent=1), encoding="utf-8")
+    typer.echo(format_probe(result))
+
+
 @train_app.command("pretrain")
 def train_pretrain_command(
     world: Annotated[Path, typer.Option(help="a `world build` folder")],

@@ -1,0 +1,109 @@
+"""``ssr-server train probe``: does a model read its pictures? Teacher-forced, in seconds, no agent loop.
+
+Success on visual and detail questions mixes three things: choosing the move, the zoom box, and reading.
+This probe isolates the last two. It draws reading drills (``picture_drills``: a split's visual/detail
+trajectories with a freshly drawn picture and its new answer, and zoom box) and, teacher-forced, counts
+the drills whose every predicted token (answer, and box for detail) is the argmax: once with each
+drill's own picture(s), once with the picture(s) of the next drill of the same kind (same text, another
+look). A model that reads scores higher with its own pictures; one that guesses from the text alone
+scores the same on both (the ``rotated`` column is the text-only baseline, priors included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+KINDS = ("visual", "detail")
+
+
+@dataclass
+class ProbeConfig:
+    world: Path
+    model: str
+    split: str = "test"
+    questions: int = 400  # at most this many visual/detail questions of the split (the drill sources)
+    drills: int = 128
+    batch_size: int = 16
+    seed: int = 12345
+    threads: int | None = None
+
+
+def _exact(model: Any, collate: Any, batch: list[Any]) -> tuple[list[bool], float]:
+    """Per drill: every predicted token right (argmax); and the batch's mean cross-entropy."""
+    from ssr_server.train.data import token_logits
+
+    with torch.no_grad():
+        c = collate(batch)
+        logits = token_logits(model, c)  # (N, vocab): every predicted token of the batch
+        right = logits.argmax(-1) == c.targets
+        per = [bool(right[c.rows == r].all()) for r in range(len(batch))]
+        return per, float(torch.nn.functional.cross_entropy(logits, c.targets))
+
+
+def run_probe(cfg: ProbeConfig) -> dict[str, Any]:
+    """Per kind: drills, exact-answer rate and cross-entropy with own pictures and with rotated ones."""
+    from transformers import AutoImageProcessor
+
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.data import Collator, Example
+    from ssr_server.train.picture_drills import PictureDrills
+    from ssr_server.train.setup import load_model, oracle_examples, split_questions
+    from ssr_server.world.build import world_entities
+    from ssr_server.world.records import load_questions
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    fmt = get_format()
+    model, tok = load_model(cfg.model)
+    model.eval()
+    questions = [q for q in split_questions(load_questions(cfg.world / "questions.jsonl"), cfg.split, None,
+                                            cfg.seed) if q.kind in KINDS][: cfg.questions]
+    if not questions:
+        raise ValueError(f"no visual or detail question in split {cfg.split!r} of {cfg.world}")
+    library = LibraryRegistry().get("default")
+    examples, _ = asyncio.run(oracle_examples(cfg.world, questions, tok, fmt, library, "ssr", progress=False))
+    drills = PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt, moves=False)
+    if not drills.sources:
+        raise ValueError("no reading drill could be made from the split's trajectories")
+    drawn = drills.draw(cfg.drills, random.Random(cfg.seed))
+    processor = AutoImageProcessor.from_pretrained(cfg.model, backend="pil")
+    collate = Collator(model, processor, tok.pad_token_id or 0)
+    kinds: dict[str, Any] = {}
+    for kind in KINDS:
+        own = [d for d in drawn if d.kind == kind]
+        if len(own) < 2:
+            continue
+        rotated = [Example(d.key, d.kind, d.ids, d.mask, own[(i + 1) % len(own)].images)
+                   for i, d in enumerate(own)]
+        row: dict[str, Any] = {"drills": len(own)}
+        for name, batch_of in (("own", own), ("rotated", rotated)):
+            exact: list[bool] = []
+            losses = []
+            for i in range(0, len(batch_of), cfg.batch_size):
+                per, loss = _exact(model, collate, batch_of[i : i + cfg.batch_size])
+                exact += per
+                losses.append(loss)
+            row[name] = {"exact": sum(exact) / len(exact), "cross_entropy": sum(losses) / len(losses)}
+        kinds[kind] = row
+    return {"model": cfg.model, "split": cfg.split, "drills": len(drawn), "seed": cfg.seed, "kinds": kinds}
+
+
+def format_probe(r: dict[str, Any]) -> str:
+    lines = [f"reading probe: {r['model']}, {r['drills']} drills from the {r['split']} split "
+             f"(seed {r['seed']})",
+             f"{'kind':<8} {'drills':>6}  {'exact, own pictures':>19}  {'rotated':>8}  {'CE own':>7}  "
+             f"{'rotated':>7}"]
+    for kind, row in r["kinds"].items():
+        own, rot = row["own"], row["rotated"]
+        lines.append(f"{kind:<8} {row['drills']:>6}  {own['exact']:>19.1%}  {rot['exact']:>8.1%}"
+                     f"  {own['cross_entropy']:>7.3f}  {rot['cross_entropy']:>7.3f}")
+    lines.append("exact: every answer (and zoom box) token the argmax, teacher-forced; rotated: the same "
+                 "drills with another drill's picture (text only)")
+    return "\n".join(lines)
