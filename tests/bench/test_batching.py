@@ -30,7 +30,7 @@ def test_batching_bench_times_each_level_on_distinct_contexts(tiny_model_dir: Pa
     assert two["selection_sharing"] == 2 * one["selection_ms"] / two["selection_ms"]
     assert json.loads((tmp_path / "b.json").read_text())["levels"] == r["levels"]
     assert "sharing" in format_batching(r)
-    # each selection kept its own candidates' KV: the two contexts were scored, not one twice
+    # the runs' contexts are distinct cache entries: no run shares another's past
     assert len(engine.prefix_cache) >= 2
 
 
