@@ -541,6 +541,9 @@ def train_sft_command(
     drills: Annotated[bool, typer.Option(help="interleave short copying drills (query, answer)")] = False,
     drill_sizes: Annotated[str, typer.Option(help="answer,query drill batches in multiples of "
                                                   "--batch-size")] = "2,4",
+    drill_calls: Annotated[str, typer.Option(help="query drills of each trajectory's first text search, "
+                                                  "or of all (two-hop: the second hop too)")] = "first",
+    drills_repeat: Annotated[bool, typer.Option(help="drills drawn with the --repeat weights too")] = False,
     copy_every: Annotated[int, typer.Option(min=0, help="every Nth step a batch of the synthetic copying "
                                                         "task (0: never)")] = 0,
     copy_warmup: Annotated[int, typer.Option(min=0, help="steps of the copying task alone first")] = 0,
@@ -561,11 +564,14 @@ def train_sft_command(
         raise typer.BadParameter("format must be ssr or freeform")
     if copy_every == 1:
         raise typer.BadParameter("--copy-every takes 0 (never) or N >= 2 (every Nth step)")
+    if drill_calls not in ("first", "all"):
+        raise typer.BadParameter("--drill-calls takes first or all")
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
                                   label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
                                   threads=threads, rename=rename, drills=drills,
-                                  drill_sizes=_int_pair(drill_sizes, "--drill-sizes"), copy_every=copy_every,
+                                  drill_sizes=_int_pair(drill_sizes, "--drill-sizes"),
+                                  drill_calls=drill_calls, drills_repeat=drills_repeat, copy_every=copy_every,
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
                                   picture_moves=picture_moves))

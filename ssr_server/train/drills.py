@@ -7,7 +7,10 @@ most of its compute on the 1,800-token system prompt, the images and turns that 
 holds one or two copies. A drill is the same tokens cut down to what a copy needs, text only:
 
 - an answer drill: the question, the call that fetched the evidence, its (text) result, the answer turn;
-- a query drill: the question and the turns up to the first text-search call, the call itself.
+- a query drill: the question and the turns up to a text-search call, the call itself; one per call, so
+  a two-hop trajectory's second call (the person's name copied from the first result, and the attribute
+  the question asks about: "born" for "In which year ...", "birthplace" for "In which town ...") is
+  drilled too, a choice the shipped model made at chance before (README, Training).
 
 No system prompt and no images (the question's picture and the thumbnails are dropped, their text
 stays), so a drill costs about a sixth of a trajectory; only the copying turn is in the loss (the call of
@@ -97,14 +100,14 @@ def answer_drill(ex: Example, t: DrillTokens) -> Example | None:
     return _drill(ex, [(*turns[1], False), (*call, call == turns[2]), (*result, False), (*last, True)], t)
 
 
-def query_drill(ex: Example, t: DrillTokens) -> Example | None:
-    """Question and turns up to the first text-search call, the call in the loss; None without one."""
+def query_drills(ex: Example, t: DrillTokens, every_call: bool = True) -> list[Example]:
+    """For each text-search call (or only the first): the question and the turns before it, the call in
+    the loss."""
     turns = _turns(ex.ids, t.turn)
-    for k in range(2, len(turns)):
-        a, b = turns[k]
-        if any(ex.mask[a:b]) and _holds(ex.ids[a:b], t.text_search):
-            return _drill(ex, [(*span, False) for span in turns[1:k]] + [(a, b, True)], t)
-    return None
+    calls = [k for k, (a, b) in enumerate(turns)
+             if k >= 2 and any(ex.mask[a:b]) and _holds(ex.ids[a:b], t.text_search)]
+    calls = calls if every_call else calls[:1]
+    return [_drill(ex, [(*span, False) for span in turns[1:k]] + [(*turns[k], True)], t) for k in calls]
 
 
 @dataclass(frozen=True)
@@ -113,9 +116,11 @@ class Drills:
     queries: list[Example]
 
     @classmethod
-    def of(cls, examples: Sequence[Example], t: DrillTokens) -> Drills:
+    def of(cls, examples: Sequence[Example], t: DrillTokens, every_call: bool = True) -> Drills:
+        """``every_call=False``: only each trajectory's first text search (what models up to the shipped
+        R2 were trained with, so that their cards' commands still make them)."""
         answers = [d for e in examples if (d := answer_drill(e, t)) is not None]
-        queries = [d for e in examples if (d := query_drill(e, t)) is not None]
+        queries = [d for e in examples for d in query_drills(e, t, every_call)]
         return cls(answers, queries)
 
     def interleave(self, full: Sequence[list[Example]], batch_size: int, rng: random.Random,

@@ -63,6 +63,8 @@ class SFTConfig:
     rename: bool = False  # a fresh invented name for the entity each time an example is drawn (rename.py)
     drills: bool = False  # interleave batches of short copying drills (drills.py)
     drill_sizes: tuple[int, int] = (2, 4)  # answer and query drill batches, in multiples of batch_size
+    drill_calls: str = "first"  # query drills of each trajectory's first text search, or "all" of them
+    drills_repeat: bool = False  # drills drawn from the --repeat-weighted pool (else each trajectory once)
     copy_every: int = 0  # every Nth step is a batch of the synthetic copying task (copying.py); 0: never
     copy_warmup: int = 0  # steps of the copying task alone before the first SFT batch (lengths widen
     # over the first 80% of them: copying.py)
@@ -119,9 +121,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     order: list[list[Example] | str] = [COPY] * cfg.copy_warmup
     epoch = regular = 0
-    drills = Drills.of(examples, DrillTokens.of(tok, fmt)) if cfg.drills else None
     times = dict(cfg.repeat)
     pool = [e for e in examples for _ in range(times.get(e.kind, 1))]
+    drills = (Drills.of(pool if cfg.drills_repeat else examples, DrillTokens.of(tok, fmt),
+                        every_call=cfg.drill_calls == "all") if cfg.drills else None)
     if cfg.pictures_every == 1:  # a reading phase: picture drills only
         order += [PICTURES] * max(0, cfg.steps - len(order))
     while len(order) < cfg.steps:  # the whole schedule up front: resuming replays the same batches

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ssr_server.train.data import Example
-from ssr_server.train.drills import Drills, DrillTokens, answer_drill, query_drill
+from ssr_server.train.drills import Drills, DrillTokens, answer_drill, query_drills
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,8 @@ def replayed(world_dir: Path) -> tuple[Any, Any, dict[str, Example]]:
     fmt, library = get_format(), LibraryRegistry().get("default")
     train = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"]
     _, tok = new_model("64x1", world_dir, train, fmt, library, 0)
-    picked = [next(q for q in train if q.kind == kind) for kind in ("named", "search", "visual", "detail")]
+    picked = [next(q for q in train if q.kind == kind)
+              for kind in ("named", "search", "visual", "detail", "two_hop")]
     examples, dropped = asyncio.run(oracle_examples(world_dir, picked, tok, fmt, library, "ssr",
                                                     progress=False))
     assert dropped == 0
@@ -63,11 +64,13 @@ def test_an_answer_drill_is_the_question_the_evidence_and_the_answer(replayed: A
     assert answer_drill(ex["detail"], t) is None  # its evidence is an image
 
 
-def test_a_query_drill_ends_with_the_first_text_search_call(replayed: Any) -> None:
+def test_a_query_drill_ends_with_a_text_search_call(replayed: Any) -> None:
     tok, fmt, ex = replayed
     t = DrillTokens.of(tok, fmt)
-    full, drill = ex["search"], query_drill(ex["search"], t)
-    assert drill is not None and drill.images == () and t.vision_start not in drill.ids
+    full, drills = ex["search"], query_drills(ex["search"], t)
+    assert len(drills) == 1
+    drill = drills[0]
+    assert drill.images == () and t.vision_start not in drill.ids
     whole, cut = _turns(tok, full), _turns(tok, drill)
     assert len(cut) == 4  # question, image search, its results (titles kept), the text search
     assert cut[3] == whole[4] and '"query"' in cut[3]
@@ -75,7 +78,15 @@ def test_a_query_drill_ends_with_the_first_text_search_call(replayed: Any) -> No
     said = _said(tok, drill)
     assert said.count("<|im_end|>") == 1 and '"query"' in said and _said(tok, full).count(said) == 1
     assert "image_search" not in said and "<answer>" not in said
-    assert query_drill(ex["visual"], t) is None
+    assert query_drills(ex["visual"], t) == []
+    # two-hop: one drill per call; the second holds the first call's result (the name it copies)
+    full = ex["two_hop"]
+    first, second = query_drills(full, t)
+    whole, cut1, cut2 = _turns(tok, full), _turns(tok, first), _turns(tok, second)
+    assert cut1 == cut2[:4] and len(cut2) == 6 and cut2[5] == whole[6] and '"query"' in cut2[5]
+    assert cut2[4] == whole[5] and "Title:" not in cut2[4]  # the first search's text result
+    said = _said(tok, second)
+    assert said.count("<|im_end|>") == 1 and _said(tok, full).count(said) == 1 and said != _said(tok, first)
 
 
 def test_drills_follow_each_full_batch_deterministically() -> None:
