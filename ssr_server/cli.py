@@ -589,14 +589,26 @@ def train_vision_command(
     seed: Annotated[int, typer.Option()] = 0,
     max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 28.0,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
+    heads: Annotated[str, typer.Option(help="comma-separated heads: colour, count, sign, plaque, count_mean "
+                                            "(count from the tokens' mean), known (well-known entities)")]
+        = "colour,count,sign,plaque",
+    known_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="with the known head: share of "
+                                                                      "pictures of well-known entities")]
+        = 0.25,
+    anchor: Annotated[float, typer.Option(min=0.0, help="weight of the tokens' drift from the initial "
+                                                        "tower's (0: free)")] = 0.0,
 ) -> None:
-    """Train the vision tower on freshly drawn pictures (colour, count, sign, plaque heads, not kept)."""
-    from ssr_server.train.vision import VisionConfig, train_vision
+    """Train the vision tower on freshly drawn pictures (heads on what questions read, not kept)."""
+    from ssr_server.train.vision import EXTRA, LABELS, VisionConfig, train_vision
 
     if not (init / "config.json").is_file():
         raise typer.BadParameter(f"{init} is not a model folder (no config.json)")
+    chosen = tuple(h.strip() for h in heads.split(",") if h.strip())
+    if not chosen or set(chosen) - set(LABELS) - set(EXTRA):
+        raise typer.BadParameter(f"--heads takes some of {', '.join([*LABELS, *EXTRA])}")
     figures = train_vision(VisionConfig(init=init, out=out, steps=steps, batch_size=batch_size, lr=lr,
-                                        reinit=reinit, seed=seed, max_minutes=max_minutes, threads=threads))
+                                        reinit=reinit, seed=seed, max_minutes=max_minutes, threads=threads,
+                                        heads=chosen, known_share=known_share, anchor=anchor))
     _report_training(figures, out)
 
 

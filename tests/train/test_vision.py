@@ -6,10 +6,13 @@ import json
 import random
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from ssr_server.train.vision import (
+    EXTRA,
+    KNOWN_LOOKS,
     LABELS,
     PoolHead,
     TowerTrainer,
@@ -32,6 +35,26 @@ def test_pictures_are_question_views_and_zoom_crops_with_labels_in_range() -> No
     assert len(set(pics.labels["colour"].tolist())) > 1  # new looks, not one
     again = draw_pictures(12, random.Random(0))  # seeded: the same pictures
     assert all(a.tobytes() == b.tobytes() for a, b in zip(pics.views, again.views, strict=True))
+
+
+def test_a_known_share_draws_well_known_looks_labelled_by_entity() -> None:
+    plain = draw_pictures(16, random.Random(3))
+    assert plain.labels["known"].tolist() == [0] * 16  # "unknown"
+    known = draw_pictures(16, random.Random(3), known_share=1.0)
+    ids = [EXTRA["known"][i] for i in known.labels["known"].tolist()]
+    assert all(i in KNOWN_LOOKS for i in ids) and len(set(ids)) > 1
+    colours = [LABELS["colour"][i] for i in known.labels["colour"].tolist()]
+    assert colours == [KNOWN_LOOKS[i].colour for i in ids]  # the entity's own look, in a fresh view
+    assert known.labels["count_mean"].tolist() == known.labels["count"].tolist()
+
+
+def test_a_mean_head_averages_the_real_tokens() -> None:
+    torch.manual_seed(0)
+    head = PoolHead(8, 3, mean=True)
+    feats = torch.randn(1, 5, 8)
+    mask = torch.tensor([[True, True, True, False, False]])
+    want = head.out(head.norm(feats[0, :3]).mean(0))
+    assert torch.allclose(head(feats, mask)[0], want, atol=1e-6)
 
 
 def test_padding_tokens_do_not_change_a_heads_output() -> None:
@@ -79,6 +102,39 @@ def test_train_vision_changes_the_tower_only_and_writes_a_card(tiny_model_dir: P
     assert "train vision" in (out / "README.md").read_text()
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 0  # log_every 25 > 3 steps
     assert json.loads((out / "ssr_tiny.json").read_text())["trained"] == "vision"
+
+
+def test_train_vision_with_the_extra_heads(tiny_model_dir: Path, tmp_path: Path) -> None:
+    figures = train_vision(VisionConfig(init=tiny_model_dir, out=tmp_path / "v", steps=2, batch_size=4,
+                                        threads=1, eval_pictures=4, heads=("count_mean", "known"),
+                                        known_share=0.5), progress=False)
+    assert {k for k in figures if k.startswith("accuracy.")} == {"accuracy.count_mean", "accuracy.known"}
+    assert figures["steps"] == 2
+
+
+def test_the_anchor_measures_drift_from_the_initial_tower(tiny_model_dir: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    from ssr_server.train.setup import load_model
+
+    model, _ = load_model(tiny_model_dir)
+    trainer = TowerTrainer(model, AutoImageProcessor.from_pretrained(tiny_model_dir, backend="pil"),
+                           ("colour",), anchor=1.0)
+    pics = draw_pictures(4, random.Random(2))
+    _, accuracy = trainer.loss(pics)
+    assert accuracy["drift"] == 0.0  # the same weights
+    with torch.no_grad():
+        for p in trainer.tower.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    _, accuracy = trainer.loss(pics)
+    assert accuracy["drift"] > 0.0
+    assert trainer.frozen is not None and not any(p.requires_grad for p in trainer.frozen.parameters())
+
+
+def test_unknown_heads_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown heads"):
+        train_vision(VisionConfig(init=tiny_model_dir, out=tmp_path / "w", steps=1, heads=("size",)),
+                     progress=False)
 
 
 def test_reinit_gives_fresh_weights(tiny_model_dir: Path) -> None:
