@@ -10,7 +10,7 @@ holds one or two copies. A drill is the same tokens cut down to what a copy need
 - a query drill: the question and the turns up to a text-search call, the call itself; one per call, so
   a two-hop trajectory's second call (the person's name copied from the first result, and the attribute
   the question asks about: "born" for "In which year ...", "birthplace" for "In which town ...") is
-  drilled too, a choice the shipped model made at chance before (README, Training).
+  drilled too, a choice R2 got wrong on most year questions (README, Training).
 
 No system prompt and no images (the question's picture and the thumbnails are dropped, their text
 stays), so a drill costs about a sixth of a trajectory; only the copying turn is in the loss (the call of

@@ -68,6 +68,7 @@ class VisionConfig:
     known_share: float = 0.25  # with a "known" head: pictures that show a well-known entity
     anchor: float = 0.0  # weight of the tokens' drift from the initial tower's (keeps what SFT taught)
 
+
 @dataclass(frozen=True)
 class Pictures:
     views: list[Image.Image]  # question images
@@ -135,10 +136,13 @@ class TowerTrainer:
                                           for k in heads})
         self.device = next(self.tower.parameters()).device
 
-    def features(self, images: Sequence[Image.Image], tower: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def pixels(self, images: Sequence[Image.Image]) -> Any:
+        """The processor's batch (pixel_values, image_grid_thw), made once for the tower and its anchor."""
+        return self.processor(images=list(images), return_tensors="pt")
+
+    def features(self, batch: Any, tower: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, D) the merged tokens the language model would read, padded, and their (B, T) mask."""
         tower = self.tower if tower is None else tower
-        batch = self.processor(images=list(images), return_tensors="pt")
         grid = batch["image_grid_thw"].to(self.device)
         out = tower(batch["pixel_values"].to(self.device), grid_thw=grid).pooler_output  # (sum T, D)
         merge = int(self.tower.spatial_merge_size) ** 2
@@ -149,7 +153,8 @@ class TowerTrainer:
         return feats, mask
 
     def loss(self, pics: Pictures) -> tuple[torch.Tensor, dict[str, float]]:
-        views, crops = self.features(pics.views), self.features(pics.crops)
+        batches = (self.pixels(pics.views), self.pixels(pics.crops))
+        views, crops = (self.features(b) for b in batches)
         total = torch.zeros((), device=self.device)
         accuracy = {}
         for key, head in self.heads.items():
@@ -159,15 +164,15 @@ class TowerTrainer:
             total = total + torch.nn.functional.cross_entropy(logits, target)
             accuracy[key] = float((logits.argmax(-1) == target).float().mean())
         if self.frozen is not None:
-            drift = self.drift(pics, views, crops)
+            drift = self.drift(batches, (views, crops))
             total = total + self.anchor * drift
             accuracy["drift"] = float(drift.detach())
         return total, accuracy
 
-    def drift(self, pics: Pictures, *now: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def drift(self, batches: Sequence[Any], now: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Squared distance of the tokens from the frozen tower's, relative to their squared norm."""
         with torch.no_grad():
-            before = [self.features(p, self.frozen)[0] for p in (pics.views, pics.crops)]
+            before = [self.features(b, self.frozen)[0] for b in batches]
         num = torch.stack([((f - b) ** 2).sum(-1)[m].sum() for (f, m), b in zip(now, before, strict=True)])
         den = torch.stack([(b**2).sum(-1)[m].sum() for (_, m), b in zip(now, before, strict=True)])
         return num.sum() / den.sum()

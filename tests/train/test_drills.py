@@ -87,6 +87,9 @@ def test_a_query_drill_ends_with_a_text_search_call(replayed: Any) -> None:
     assert cut2[4] == whole[5] and "Title:" not in cut2[4]  # the first search's text result
     said = _said(tok, second)
     assert said.count("<|im_end|>") == 1 and _said(tok, full).count(said) == 1 and said != _said(tok, first)
+    # the pool: every call by default, the first only when asked (as the older models were trained)
+    assert Drills.of([full], t).queries == [first, second]
+    assert Drills.of([full], t, every_call=False).queries == [first]
 
 
 def test_drills_follow_each_full_batch_deterministically() -> None:
