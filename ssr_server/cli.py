@@ -544,6 +544,10 @@ def train_sft_command(
     drill_calls: Annotated[str, typer.Option(help="query drills of each trajectory's first text search, "
                                                   "or of all (two-hop: the second hop too)")] = "first",
     drills_repeat: Annotated[bool, typer.Option(help="drills drawn with the --repeat weights too")] = False,
+    rephrase: Annotated[float, typer.Option(min=0.0, max=1.0, help="share of drawn fact and two-hop "
+                                                                   "questions asked in other words")] = 0.0,
+    drill_contrast: Annotated[bool, typer.Option(help="each two-hop second query drill also asked about the "
+                                                      "other person attribute (born / birthplace)")] = False,
     copy_every: Annotated[int, typer.Option(min=0, help="every Nth step a batch of the synthetic copying "
                                                         "task (0: never)")] = 0,
     copy_warmup: Annotated[int, typer.Option(min=0, help="steps of the copying task alone first")] = 0,
@@ -571,7 +575,8 @@ def train_sft_command(
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
                                   threads=threads, rename=rename, drills=drills,
                                   drill_sizes=_int_pair(drill_sizes, "--drill-sizes"),
-                                  drill_calls=drill_calls, drills_repeat=drills_repeat, copy_every=copy_every,
+                                  drill_calls=drill_calls, drills_repeat=drills_repeat,
+                                  drill_contrast=drill_contrast, rephrase=rephrase, copy_every=copy_every,
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
                                   picture_moves=picture_moves))

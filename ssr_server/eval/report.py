@@ -25,7 +25,8 @@ def make_record(question: Question, run: dict[str, Any] | None, error: str | Non
     """The record of one question; ``candidate_actions`` maps the library's ids to their actions."""
     gold = [m.move for m in question.moves]
     base = {"id": question.id, "kind": question.kind, "split": question.split, "question": question.question,
-            "gold_answer": question.answer, "aliases": list(question.aliases), "gold_moves": gold}
+            "gold_answer": question.answer, "aliases": list(question.aliases), "gold_moves": gold,
+            "heldout": question.heldout_template}
     if run is None:
         return {**base, "prediction": None, "correct": False, "outcome": "failed", "error": error, "turns": 0,
                 "chosen": [], "actions": [], "move_correct": [], "action_correct": [], "consistent": [],
@@ -81,9 +82,15 @@ def _mean(values: Iterable[float]) -> float | None:
 
 
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per kind and overall; with ``phrasing`` (records that say whether their question's phrasing is one
+    the training split never uses) also per phrasing: what generalises beyond the training templates."""
     kinds = sorted({r["kind"] for r in records}, key=lambda k: (*_DISPLAY_KINDS, k).index(k))
-    return {"overall": _group(records), "kinds": {k: _group([r for r in records if r["kind"] == k])
-                                                   for k in kinds}}
+    out = {"overall": _group(records), "kinds": {k: _group([r for r in records if r["kind"] == k])
+                                                  for k in kinds}}
+    if records and all("heldout" in r for r in records):  # eval JSONs written before it lack the flag
+        out["phrasing"] = {name: _group([r for r in records if r["heldout"] == held])
+                           for name, held in (("seen", False), ("held-out", True))}
+    return out
 
 
 def _pct(x: float | None) -> str:
@@ -100,7 +107,7 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
             f"{'consist':>8} {'reason ms mean/p95':>19} {'action ms mean/p95':>19} {'model ms mean/p95':>18} "
             f"{'gen tok':>8}")
     lines = [title, head] if title else [head]
-    rows = [*summary["kinds"].items(), ("overall", summary["overall"])]
+    rows = [*summary["kinds"].items(), ("overall", summary["overall"]), *summary.get("phrasing", {}).items()]
     for name, g in rows:
         lines.append(
             f"{name:<10} {g['questions']:>5} {_pct(g['success']):>8} {g['turns_mean'] or 0:>6.2f} "

@@ -24,11 +24,13 @@ from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
 from ssr_server.progress import progress_bar
 from ssr_server.train.checkpoint import latest_checkpoint, reproduce, resume, save_checkpoint, write_card
+from ssr_server.train.contrast import contrast_drills
 from ssr_server.train.copying import CopyTask, copy_loss
 from ssr_server.train.data import Collator, Example, batches, token_logits
 from ssr_server.train.drills import Drills, DrillTokens
 from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
+from ssr_server.train.rephrase import Rephraser
 from ssr_server.train.schedule import cosine_lr
 from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions
 from ssr_server.world.build import world_entities
@@ -65,6 +67,8 @@ class SFTConfig:
     drill_sizes: tuple[int, int] = (2, 4)  # answer and query drill batches, in multiples of batch_size
     drill_calls: str = "first"  # query drills of each trajectory's first text search, or "all" of them
     drills_repeat: bool = False  # drills drawn from the --repeat-weighted pool (else each trajectory once)
+    rephrase: float = 0.0  # share of drawn fact and two-hop questions asked in other words (rephrase.py)
+    drill_contrast: bool = False  # each two-hop second query drill also asked the other way (contrast.py)
     copy_every: int = 0  # every Nth step is a batch of the synthetic copying task (copying.py); 0: never
     copy_warmup: int = 0  # steps of the copying task alone before the first SFT batch (lengths widen
     # over the first 80% of them: copying.py)
@@ -109,6 +113,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collate = Collator(model, processor, tok.pad_token_id or 0)
     renamer = Renamer(tok, questions) if cfg.rename else None
+    rephraser = Rephraser(tok, questions, cfg.rephrase) if cfg.rephrase else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98),
                                   weight_decay=cfg.weight_decay)
     config = {k: str(v) for k, v in asdict(cfg).items()}
@@ -125,6 +130,11 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     pool = [e for e in examples for _ in range(times.get(e.kind, 1))]
     drills = (Drills.of(pool if cfg.drills_repeat else examples, DrillTokens.of(tok, fmt),
                         every_call=cfg.drill_calls == "all") if cfg.drills else None)
+    contrasts = 0
+    if drills is not None and cfg.drill_contrast:  # its own RNG: the schedule's draws stay as they were
+        flips = contrast_drills(drills.queries, questions, tok, random.Random(cfg.seed + 0xC0))
+        drills = Drills(drills.answers, drills.queries + flips)
+        contrasts = len(flips)
     if cfg.pictures_every == 1:  # a reading phase: picture drills only
         order += [PICTURES] * max(0, cfg.steps - len(order))
     while len(order) < cfg.steps:  # the whole schedule up front: resuming replays the same batches
@@ -164,8 +174,11 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 if isinstance(drawn, str):  # PICTURES; seeded per step, like the names
                     assert pictures is not None  # the schedule holds PICTURES only with picture drills
                     drawn = pictures.draw(cfg.pictures_batch, random.Random(cfg.seed * 1_000_003 + step))
-                elif renamer is not None:  # seeded per step: a resumed run draws the same names
-                    drawn = renamer(drawn, random.Random(cfg.seed * 1_000_003 + step))
+                else:  # seeded per step: a resumed run draws the same names and phrasings
+                    if rephraser is not None:  # before renaming: it finds the question as written
+                        drawn = rephraser(drawn, random.Random(cfg.seed * 1_000_003 + step + 0x5EED))
+                    if renamer is not None:
+                        drawn = renamer(drawn, random.Random(cfg.seed * 1_000_003 + step))
                 collated = collate(drawn)
                 loss = torch.nn.functional.cross_entropy(token_logits(model, collated), collated.targets)
                 tokens = collated.tokens
@@ -199,6 +212,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         "first_loss": first_loss, "final_loss_ema": ema, "minutes": (time.perf_counter() - started) / 60,
         "data_minutes": data_minutes,
         "drills": f"{len(drills.answers)} answer, {len(drills.queries)} query" if drills else "none",
+        "contrast_drills": contrasts,
         "copy_steps_planned": copy_steps,
         "picture_steps_planned": picture_steps,
         "picture_sources": len(pictures.sources) if pictures is not None else 0,

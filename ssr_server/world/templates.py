@@ -7,6 +7,8 @@ pictured thing, ``{place}`` where the sign stands, ``{kind}`` "number"/"letter",
 
 from __future__ import annotations
 
+import re
+
 VISUAL: dict[str, tuple[str, ...]] = {
     "colour": ("What colour {be} the {cn} in this picture?", "What is the colour of the {cn} shown here?",
                "Which colour {be} the {cn}?", "The {cn} in this image {be} what colour?"),
@@ -30,6 +32,18 @@ def plural(noun: str) -> bool:
 
 def capitalise(text: str) -> str:
     return text[:1].upper() + text[1:]
+
+
+def unfill(template: str, field: str, text: str) -> str | None:
+    """What ``{field}`` (or its capitalised ``{Field}``, given back in lower case) stood for in ``text``
+    made from ``template`` by ``fill``; None when ``text`` was not made from ``template``."""
+    big = "{" + capitalise(field) + "}"
+    mark = big if big in template else "{" + field + "}"
+    match = re.fullmatch(re.escape(template).replace(re.escape(mark), "(.+)"), text)
+    if match is None:
+        return None
+    value = match.group(1)
+    return value[:1].lower() + value[1:] if mark == big else value
 
 
 def fill(stem: str, **fields: str) -> str:

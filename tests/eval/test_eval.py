@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ssr_server.cli import app
-from ssr_server.eval.report import make_record, summarize
+from ssr_server.eval.report import format_summary, make_record, summarize
 from ssr_server.eval.runner import select_questions
 from ssr_server.world import load_questions
 
@@ -62,6 +62,12 @@ def test_summary_by_hand() -> None:
     assert s["overall"]["reasoning_s"]["mean"] == pytest.approx(0.01)
     assert s["overall"]["model_s"]["mean"] == pytest.approx(0.06)
     assert s["overall"]["generated_tokens_mean"] == pytest.approx(10.0)
+    assert "phrasing" not in s  # records written before the held-out flag
+    flagged = [{**r, "heldout": i == 1} for i, r in enumerate(records)]
+    s = summarize(flagged)
+    assert s["phrasing"]["seen"]["questions"] == 2 and s["phrasing"]["seen"]["success"] == 1.0
+    assert s["phrasing"]["held-out"]["success"] == 0.0 and s["overall"] == summarize(records)["overall"]
+    assert "held-out" in format_summary(s) and "held-out" not in format_summary(summarize(records))
 
 
 def test_records_judge_answers_and_moves(world_dir: Path) -> None:
@@ -74,6 +80,7 @@ def test_records_judge_answers_and_moves(world_dir: Path) -> None:
     actions = {"r_IDENTIFY_BY_IMAGE": "image_search", "r_ANSWER_FROM_IMAGE": "answer"}
     r = make_record(q, run, None, actions)
     assert r["correct"]  # normalised match: case and punctuation do not count
+    assert r["heldout"] == q.heldout_template
     assert r["move_correct"] == [True, False] and r["action_correct"] == [True, False]
     assert r["consistent"] == [True, True] and r["model_s"] == pytest.approx(0.6)
     failed = make_record(q, None, "HTTP 500", actions)

@@ -1,0 +1,113 @@
+"""Rephrasing augmentation for SFT: a drawn question is sometimes asked in other words.
+
+The benchmark keeps one phrasing of every question form for the test split (the last stem of each
+attribute, "{Ref} was completed in which year?", and the picture reference "the {noun} in the image"),
+so that test success measures whether a model follows the situation, not a template. Ours did not:
+R4 answered 99 of 166 test questions asked in training phrasings (60%) and 20 of 74 in held-out ones
+(27%); named questions 29/31 against 0/9, search 19/19 against 8/21, its first move going to general
+knowledge or a text search when the picture was called "the ... in the image". A real Qwen3-VL brings
+years of English from pretraining; our tiny model knows only the training stems.
+
+This module writes other phrasings of a training question at each draw, from generic rules, never the
+held-out forms (``tests/train/test_rephrase.py`` checks that no rephrasing matches a held-out stem or
+picture reference): the picture reference in other words ("the pictured gate", "the gate in this photo"),
+the question framed around its subject ("The Rossmir Bridge: where is it?"), a lead-in ("Tell me, ...")
+or a closing request. The question's tokens are swapped in place in the compact ids (the project's
+tokenizers keep words apart, as ``rename.py`` relies on too); everything else stays token for token.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from ssr_server.train.data import Example
+from ssr_server.world.attributes import PERSON_ATTRIBUTES
+from ssr_server.world.categories import CATEGORIES, PICTURE_REFS
+from ssr_server.world.records import Question
+from ssr_server.world.templates import capitalise, unfill
+
+# Other ways to point at the picture's subject; none is a form of PICTURE_REFS.
+PICTURE_ALTERNATIVES = ("the pictured {noun}", "the {noun} in this photo", "the {noun} seen here",
+                        "the {noun} in the photograph", "the {noun} you can see", "this very {noun}")
+LEAD_INS = ("Tell me, {q}", "Quick question: {q}", "I would like to know: {q}")
+CLOSINGS = ("{Q} Please answer briefly.", "{Q} Thanks!")
+TOPICAL = "{Ref}: {q}"  # the question framed around its subject, the subject then named by a pronoun
+FACT_KINDS = ("search", "named", "knowledge")
+
+
+def _picture_noun(ref: str) -> str | None:
+    """The noun of a picture reference made from one of PICTURE_REFS, else None."""
+    for form in PICTURE_REFS:
+        noun = unfill(form, "noun", ref)
+        if noun is not None and " " not in noun:
+            return noun
+    return None
+
+
+def _lower_first(text: str) -> str:
+    return text[:1].lower() + text[1:]
+
+
+def rephrased(q: Question, rng: random.Random) -> str | None:
+    """Another phrasing of ``q`` (a training question of a fact or two-hop kind), or None when ``q``'s
+    template is not one we can take apart."""
+    parts = q.template.split("/")
+    if q.kind not in (*FACT_KINDS, "two_hop") or len(parts) != 4:
+        return None
+    if q.kind == "two_hop":
+        stem, role = PERSON_ATTRIBUTES[parts[1]].questions[int(parts[2])], CATEGORIES[q.category].role
+        pronoun = "this person"
+    else:
+        stem = CATEGORIES[q.category].attribute(parts[1]).questions[int(parts[2])]
+        role, pronoun = "{ref}", "it"
+    whole = unfill(stem, "ref", q.question)
+    inner = unfill(role, "ref", whole) if whole is not None else None
+    if whole is None or inner is None:
+        return None
+    noun = _picture_noun(inner)
+    if noun is not None and rng.random() < 0.6:
+        inner = rng.choice(PICTURE_ALTERNATIVES).format(noun=noun)
+    ref = role.format(ref=inner)
+    frame = rng.randrange(4)
+    if frame == 0 and not stem.startswith("{"):
+        return TOPICAL.format(Ref=capitalise(ref), q=_lower_first(stem.format(ref=pronoun)))
+    question = capitalise(stem.format(ref=ref))
+    if frame == 1:
+        return rng.choice(LEAD_INS).format(q=_lower_first(question))
+    if frame == 2:
+        return rng.choice(CLOSINGS).format(Q=question)
+    return question
+
+
+class Rephraser:
+    """Rephrases each drawn example's question with probability ``share`` (deterministic for ``rng``)."""
+
+    def __init__(self, tok: Any, questions: Sequence[Question], share: float = 0.5) -> None:
+        if not 0 <= share <= 1:
+            raise ValueError("the rephrased share is a probability")
+        self.tok, self.share = tok, share
+        self.questions = {q.id: q for q in questions if q.kind in (*FACT_KINDS, "two_hop")}
+        self._tokens: dict[str, tuple[int, ...]] = {}
+
+    def _enc(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tok.encode(text, add_special_tokens=False))
+
+    def example(self, ex: Example, rng: random.Random) -> Example:
+        """``ex`` with its question rephrased (``ex`` itself when its question is not found once)."""
+        q = self.questions.get(ex.key.split("/", 1)[0])
+        if q is None:
+            return ex
+        old = self._tokens.setdefault(q.id, self._enc(q.question))
+        at = [i for i in range(len(ex.ids) - len(old) + 1) if ex.ids[i : i + len(old)] == old]
+        text = rephrased(q, rng)
+        if len(at) != 1 or text is None or any(ex.mask[at[0] : at[0] + len(old)]):
+            return ex
+        new, i = self._enc(text), at[0]
+        ids = ex.ids[:i] + new + ex.ids[i + len(old):]
+        mask = ex.mask[:i] + (False,) * len(new) + ex.mask[i + len(old):]
+        return Example(ex.key, ex.kind, ids, mask, ex.images)
+
+    def __call__(self, examples: Sequence[Example], rng: random.Random) -> list[Example]:
+        return [self.example(ex, rng) if rng.random() < self.share else ex for ex in examples]
