@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,20 +106,12 @@ def test_drills_follow_each_full_batch_deterministically() -> None:
 
 
 def test_sft_with_drills_trains_on_them(world_dir: Path, tmp_path: Path,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+                                       sft_batches: list[list[Example]]) -> None:
     """`train sft --drills` reaches the batches: after a full batch, text-only drills without the
     system prompt; without the flag, every batch is whole trajectories."""
     from ssr_server.train import sft
-    from ssr_server.train.data import Collator
 
-    batches: list[list[Example]] = []
-
-    class Recording(Collator):
-        def __call__(self, examples: Sequence[Example]) -> Any:
-            batches.append(list(examples))
-            return super().__call__(examples)
-
-    monkeypatch.setattr(sft, "Collator", Recording)
+    batches = sft_batches
 
     def run(drills: bool) -> list[list[Example]]:
         batches.clear()

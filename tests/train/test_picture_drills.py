@@ -7,7 +7,6 @@ import io
 import json
 import random
 import re
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -130,22 +129,14 @@ def test_a_detail_drills_zoom_call_box_crops_its_question_image_to_its_zoomed_im
 
 
 def test_sft_puts_picture_batches_where_the_schedule_says(world_dir: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                          sft_batches: list[list[Example]]) -> None:
     from ssr_server.train import sft
-    from ssr_server.train.data import Collator
 
-    seen: list[list[str]] = []
-
-    class Recording(Collator):
-        def __call__(self, examples: Sequence[Example]) -> Any:
-            seen.append([e.key for e in examples])
-            return super().__call__(examples)
-
-    monkeypatch.setattr(sft, "Collator", Recording)
     figures = sft.train_sft(sft.SFTConfig(world=world_dir, out=tmp_path / "pictures", init="64x1", steps=6,
                                           batch_size=2, limit=24, warmup=1, threads=1, pictures_every=3,
                                           pictures_batch=5, cache_examples=False), progress=False)
     # R R P R R P: a picture batch after every two trajectory batches
+    seen = [[e.key for e in batch] for batch in sft_batches]
     kinds = ["P" if all(k.endswith("/picture") for k in keys) else "R" for keys in seen]
     assert kinds == list("RRPRRP") and figures["picture_steps_planned"] == 2
     assert [len(keys) for keys, k in zip(seen, kinds, strict=True) if k == "P"] == [5, 5]
@@ -153,18 +144,10 @@ def test_sft_puts_picture_batches_where_the_schedule_says(world_dir: Path, tmp_p
 
 
 def test_a_reading_phase_is_picture_drills_of_reading_only(world_dir: Path, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+                                                          sft_batches: list[list[Example]]) -> None:
     from ssr_server.train import sft
-    from ssr_server.train.data import Collator
 
-    seen: list[list[Example]] = []
-
-    class Recording(Collator):
-        def __call__(self, examples: Sequence[Example]) -> Any:
-            seen.append(list(examples))
-            return super().__call__(examples)
-
-    monkeypatch.setattr(sft, "Collator", Recording)
+    seen = sft_batches
     figures = sft.train_sft(sft.SFTConfig(world=world_dir, out=tmp_path / "reading", init="64x1", steps=3,
                                           batch_size=2, limit=40, warmup=1, threads=1, pictures_every=1,
                                           pictures_batch=6, picture_moves=False, cache_examples=False),

@@ -6,7 +6,6 @@ import asyncio
 import random
 import re
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -97,21 +96,11 @@ def test_rephraser_swaps_the_question_tokens_only(world_dir: Path, train: list[Q
 
 
 def test_sft_rephrases_what_it_draws(world_dir: Path, tmp_path: Path,
-                                     monkeypatch: pytest.MonkeyPatch) -> None:
+                                     sft_batches: list[list[Example]]) -> None:
     """`train sft --rephrase 1` reaches the batches: the same schedule, other question tokens."""
-    from collections.abc import Sequence
-
     from ssr_server.train import sft
-    from ssr_server.train.data import Collator
 
-    batches: list[list[Example]] = []
-
-    class Recording(Collator):
-        def __call__(self, examples: Sequence[Example]) -> Any:
-            batches.append(list(examples))
-            return super().__call__(examples)
-
-    monkeypatch.setattr(sft, "Collator", Recording)
+    batches = sft_batches
 
     def run(share: float) -> list[list[Example]]:
         batches.clear()
