@@ -99,8 +99,11 @@ class Rephraser:
         q = self.questions.get(ex.key.split("/", 1)[0])
         if q is None:
             return ex
-        old = self._tokens.setdefault(q.id, self._enc(q.question))
-        at = [i for i in range(len(ex.ids) - len(old) + 1) if ex.ids[i : i + len(old)] == old]
+        if q.id not in self._tokens:  # each question encoded once, not at every draw
+            self._tokens[q.id] = self._enc(q.question)
+        old = self._tokens[q.id]
+        at = [i for i in range(len(ex.ids) - len(old) + 1)
+              if ex.ids[i] == old[0] and ex.ids[i : i + len(old)] == old]
         text = rephrased(q, rng)
         if len(at) != 1 or text is None or any(ex.mask[at[0] : at[0] + len(old)]):
             return ex
