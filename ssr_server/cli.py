@@ -535,6 +535,10 @@ def train_sft_command(
     limit: Annotated[int | None, typer.Option(help="at most this many training questions")] = None,
     paraphrases: Annotated[int, typer.Option(min=1, help="freeform: reasoning paraphrases each")] = 2,
     max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 28.0,
+    anneal_by_time: Annotated[bool, typer.Option(help="the learning rate also decays with the share of "
+                                                      "--max-minutes spent, so that a run the budget "
+                                                      "cuts short still ends annealed (not "
+                                                      "deterministic)")] = False,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
     rename: Annotated[bool, typer.Option(help="a fresh name for the entity at each draw (copy, not "
                                                 "remember)")] = False,
@@ -573,7 +577,8 @@ def train_sft_command(
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
                                   label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
-                                  threads=threads, rename=rename, drills=drills,
+                                  anneal_by_time=anneal_by_time, threads=threads, rename=rename,
+                                  drills=drills,
                                   drill_sizes=_int_pair(drill_sizes, "--drill-sizes"),
                                   drill_calls=drill_calls, drills_repeat=drills_repeat,
                                   drill_contrast=drill_contrast, rephrase=rephrase, copy_every=copy_every,

@@ -31,7 +31,7 @@ from ssr_server.train.drills import Drills, DrillTokens
 from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
 from ssr_server.train.rephrase import Rephraser
-from ssr_server.train.schedule import cosine_lr
+from ssr_server.train.schedule import budget_step, cosine_lr
 from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions
 from ssr_server.world.build import world_entities
 from ssr_server.world.records import load_questions
@@ -58,6 +58,7 @@ class SFTConfig:
     limit: int | None = None  # at most this many training questions
     paraphrases: int = 2  # freeform: reasoning paraphrases per question
     max_minutes: float = 28.0  # stop (and save) before this much wall clock has passed
+    anneal_by_time: bool = False  # the schedule also advances with the budget spent (not deterministic)
     save_every: int = 250
     log_every: int = 10
     threads: int | None = None
@@ -164,8 +165,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     with log_path.open("a", encoding="utf-8") as log:
         while step < cfg.steps:
             drawn = order[step]
+            at = (budget_step(step, cfg.steps, (time.perf_counter() - started) / 60, cfg.max_minutes)
+                  if cfg.anneal_by_time else step)
             for group in optimizer.param_groups:
-                group["lr"] = _lr(step, cfg)
+                group["lr"] = _lr(at, cfg)
             if drawn == COPY:  # seeded per step, like the names: a resumed run draws the same rows
                 generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
                 widened = step / (0.8 * cfg.copy_warmup) if cfg.copy_warmup else 1.0
@@ -196,7 +199,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
             bar.set_postfix(loss=f"{ema:.3f}", tok_s=f"{tokens_seen / max(elapsed, 1e-9):.0f}",
                             refresh=False)
             if step % cfg.log_every == 0 or step == cfg.steps:
-                log.write(json.dumps({"step": step, "loss": value, "loss_ema": ema, "lr": _lr(step - 1, cfg),
+                log.write(json.dumps({"step": step, "loss": value, "loss_ema": ema,
+                                      "lr": optimizer.param_groups[0]["lr"],
                                       "tokens_per_s": tokens_seen / max(elapsed, 1e-9)}) + "\n")
                 log.flush()
             out_of_time = (time.perf_counter() - started) / 60 > cfg.max_minutes

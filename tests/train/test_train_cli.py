@@ -18,18 +18,20 @@ def test_sft_refuses_copying_every_single_step(tmp_path: Path) -> None:
     assert not (tmp_path / "o").exists()
 
 
-def test_sft_passes_a_reading_phase(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sft_passes_a_reading_phase_and_annealing_by_time(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from ssr_server.train import sft
 
     seen: list[Any] = []
     monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
     monkeypatch.setattr("ssr_server.cli._report_training", lambda figures, out: None)
     base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
-    result = CliRunner().invoke(app, [*base, "--pictures-every", "1", "--no-picture-moves"])
+    flags = ["--pictures-every", "1", "--no-picture-moves", "--anneal-by-time"]
+    result = CliRunner().invoke(app, [*base, *flags])
     assert result.exit_code == 0, result.output
-    assert (seen[0].pictures_every, seen[0].picture_moves) == (1, False)
+    assert (seen[0].pictures_every, seen[0].picture_moves, seen[0].anneal_by_time) == (1, False, True)
     CliRunner().invoke(app, base)
-    assert (seen[1].pictures_every, seen[1].picture_moves) == (0, True)
+    assert (seen[1].pictures_every, seen[1].picture_moves, seen[1].anneal_by_time) == (0, True, False)
 
 
 def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Path,
