@@ -226,7 +226,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     model.eval()
     save_model(model, tok, cfg.out, {"trained": "sft", "format": mode, **config, "commands": commands})
     write_card(cfg.out, {
-        "title": f"SSR {mode}-SFT ({cfg.init})", "command": meta["command"],
+        "title": f"SSR {mode}-SFT of {cfg.init}", "command": meta["command"],
         "description": f"A Qwen3-VL-architecture model trained by `ssr-server train sft` on the oracle "
                        f"trajectories ({mode} form) of the world in {cfg.world}.",
         **figures, **{f"config.{k}": v for k, v in config.items()}})
