@@ -30,7 +30,8 @@ def make_record(question: Question, run: dict[str, Any] | None, error: str | Non
     if run is None:
         return {**base, "prediction": None, "correct": False, "outcome": "failed", "error": error, "turns": 0,
                 "chosen": [], "actions": [], "move_correct": [], "action_correct": [], "consistent": [],
-                "reasoning_s": [], "action_s": [], "model_s": 0.0, "generated_tokens": 0, "scored_tokens": 0}
+                "reasoning_s": [], "action_s": [], "model_s": 0.0, "generated_tokens": 0, "scored_tokens": 0,
+                "zoom_on_target": []}
     turns = run["turns"]
     chosen = [t["candidate_id"] for t in turns]
     actions = [t["action_type"] for t in turns]
@@ -49,7 +50,27 @@ def make_record(question: Question, run: dict[str, Any] | None, error: str | Non
         "model_s": sum(t["reasoning_s"] + t["action_s"] for t in turns),
         "generated_tokens": sum(t["reasoning_tokens"] + t["action_tokens"] for t in turns),
         "scored_tokens": sum(t["scored_tokens"] for t in turns),
+        "zoom_on_target": _zoom_on_target(question, turns),
     }
+
+
+def _zoom_on_target(question: Question, turns: Sequence[dict[str, Any]]) -> list[bool]:
+    """Per zoom call of a question whose gold moves hold a zoom box: does the call's box contain the gold
+    box's centre (the plaque)? What a detail question's success rests on before any reading."""
+    gold = next((m.box for m in question.moves if m.box), None)
+    if gold is None:
+        return []
+    cx, cy = (gold[0] + gold[2]) / 2, (gold[1] + gold[3]) / 2
+    hits = []
+    for t in turns:
+        if t.get("action_type") != "zoom":
+            continue
+        box = (t.get("arguments") or {}).get("bbox_2d")
+        if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, int | float) for v in box)):
+            hits.append(False)
+            continue
+        hits.append(box[0] <= cx <= box[2] and box[1] <= cy <= box[3])
+    return hits
 
 
 def _rate(flags: Iterable[bool]) -> float | None:
@@ -67,6 +88,8 @@ def _group(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "move_accuracy": _rate(f for r in records for f in r["move_correct"]),
         "action_accuracy": _rate(f for r in records for f in r["action_correct"]),
         "consistency": _rate(f for r in records for f in r["consistent"]),
+        "zoom_calls": sum(len(r.get("zoom_on_target", [])) for r in records),
+        "zoom_on_target": _rate(f for r in records for f in r.get("zoom_on_target", [])),
         "candidate_mix": dict(sorted(Counter(c for r in records for c in r["chosen"] if c).items())),
         "outcomes": dict(sorted(Counter(r["outcome"] for r in records).items())),
         "reasoning_s": percentiles((x for r in records for x in r["reasoning_s"]), (50, 95)),
@@ -116,6 +139,10 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
             f"{_ms(g['action_s'], 'mean') + ' / ' + _ms(g['action_s'], 'p95'):>19} "
             f"{_ms(g['model_s'], 'mean') + ' / ' + _ms(g['model_s'], 'p95'):>18} "
             f"{g['generated_tokens_mean'] or 0:>8.1f}")
+    zoom = summary["overall"].get("zoom_calls")
+    if zoom:
+        lines.append(f"zoom boxes on the target (the gold box's centre inside): "
+                     f"{_pct(summary['overall']['zoom_on_target'])} of {zoom} zoom calls")
     mix = summary["overall"]["candidate_mix"]
     if mix:
         lines.append("candidate mix: " + ", ".join(f"{k} {v}" for k, v in mix.items()))

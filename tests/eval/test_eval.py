@@ -87,6 +87,26 @@ def test_records_judge_answers_and_moves(world_dir: Path) -> None:
     assert not failed["correct"] and failed["outcome"] == "failed" and failed["error"] == "HTTP 500"
 
 
+def test_records_judge_whether_a_zoom_box_is_on_the_plaque(world_dir: Path) -> None:
+    q = next(q for q in load_questions(world_dir / "questions.jsonl") if q.kind == "detail")
+    gold = q.moves[0].box
+    turn = {"reasoning_s": 0.1, "action_s": 0.2, "reasoning_tokens": 0, "action_tokens": 4,
+            "scored_tokens": 60, "candidate_id": "r_ZOOM_DETAIL", "action_type": "zoom"}
+    beside = [gold[2] + 1, gold[1], min(1000, gold[2] + 100), gold[3]]  # just right of the plaque
+    run = {"outcome": "max_turns", "answer": None, "error": None, "turns": [
+        {**turn, "arguments": {"bbox_2d": list(gold), "label": "plaque", "img_idx": 0}},
+        {**turn, "arguments": {"bbox_2d": beside, "label": "plaque", "img_idx": 0}},
+        {**turn, "arguments": {"bbox_2d": "not a box"}},
+        {**turn, "candidate_id": "r_ANSWER_FROM_IMAGE", "action_type": "answer", "arguments": {}}]}
+    r = make_record(q, run, None, {})
+    assert r["zoom_on_target"] == [True, False, False]
+    s = summarize([r])
+    assert s["overall"]["zoom_calls"] == 3 and s["overall"]["zoom_on_target"] == pytest.approx(1 / 3)
+    assert "33.3% of 3 zoom calls" in format_summary(s)
+    search = next(q for q in load_questions(world_dir / "questions.jsonl") if q.kind == "search")
+    assert make_record(search, run, None, {})["zoom_on_target"] == []  # no gold box: nothing to judge
+
+
 def test_limit_covers_every_kind(world_dir: Path) -> None:
     kinds = {q.kind for q in select_questions(world_dir, "test")}
     picked = select_questions(world_dir, "test", limit=len(kinds))
