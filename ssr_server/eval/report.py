@@ -13,7 +13,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ssr_server.agent.actions import allowed_actions
+from ssr_server.errors import ToolError
 from ssr_server.summary import percentiles
+from ssr_server.tools.zoom import validate_box
 from ssr_server.world.answers import is_correct
 from ssr_server.world.records import MOVE_ACTIONS, Question
 
@@ -65,11 +67,12 @@ def _zoom_on_target(question: Question, turns: Sequence[dict[str, Any]]) -> list
     for t in turns:
         if t.get("action_type") != "zoom":
             continue
-        box = (t.get("arguments") or {}).get("bbox_2d")
-        if not (isinstance(box, list) and len(box) == 4 and all(isinstance(v, int | float) for v in box)):
+        try:  # the zoom tool's own check: a box it refuses is a miss
+            x1, y1, x2, y2 = validate_box((t.get("arguments") or {}).get("bbox_2d"))
+        except (ToolError, TypeError):
             hits.append(False)
             continue
-        hits.append(box[0] <= cx <= box[2] and box[1] <= cy <= box[3])
+        hits.append(x1 <= cx <= x2 and y1 <= cy <= y2)
     return hits
 
 

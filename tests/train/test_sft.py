@@ -91,6 +91,16 @@ def test_a_short_sft_run_learns_and_resumes(world_dir: Path, tmp_path: Path) -> 
     asyncio.run(engine.close())
 
 
+def test_annealing_by_time_puts_a_run_its_budget_cuts_at_the_floor(world_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    # a budget spent before the first step: the run stops after it, its rate already at the floor
+    cfg = SFTConfig(world=world_dir, out=out, init="64x1", steps=24, lr=3e-3, warmup=4, min_lr_ratio=0.1,
+                    batch_size=4, limit=16, log_every=1, threads=1, max_minutes=1e-9, anneal_by_time=True)
+    assert train_sft(cfg, progress=False)["stopped_at_time_budget"]
+    log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1] and log[0]["lr"] == pytest.approx(3e-4)
+
+
 def test_the_example_cache_returns_the_replay_and_is_keyed_by_its_inputs(
         world_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     import shutil
