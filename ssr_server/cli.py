@@ -600,7 +600,8 @@ def train_vision_command(
     max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 28.0,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
     heads: Annotated[str, typer.Option(help="comma-separated heads: colour, count, sign, plaque, count_mean "
-                                            "(count from the tokens' mean), known (well-known entities)")]
+                                            "(count from the tokens' mean), known (well-known entities), "
+                                            "plaque_x, plaque_y (where the plaque is, in tenths)")]
         = "colour,count,sign,plaque",
     known_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="with the known head: share of "
                                                                       "pictures of well-known entities")]

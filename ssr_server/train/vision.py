@@ -11,7 +11,12 @@ one (so nothing can be remembered). Two optional heads (``count_mean``, ``known`
 the MEAN of the tokens (one attention-pooled token did not count: 18% on six counts, chance 17%; a mean
 counts what each token marks, and a language model's attention can take such a mean), and which of the
 world's well-known entities the picture shows, if any (the first move of a knowledge question rests on
-recognising them; a share of the pictures are those looks, in fresh views). The heads are thrown away;
+recognising them; a share of the pictures are those looks, in fresh views). Two more (``plaque_x``,
+``plaque_y``): the tenth of the picture, across and down, where the plaque's centre lies, read off the
+attention-pooled tokens, so only if a token's content says where it is (the zoom box a detail question
+needs: a trained model wrote one left-right position for every picture; the tiny model's rotary
+positions turn by only 0.15 radian from one column of image tokens to the next, 0.38 from one row to
+the next). The heads are thrown away;
 the language model is not touched.
 ``reinit`` starts the tower (patch embedding, blocks, mergers) afresh. SFT with picture drills then
 teaches the language model to read the new features.
@@ -46,7 +51,14 @@ SIGNS: tuple[str, ...] = SHAPES + CHARS  # the big sign shows one shape or one c
 LABELS: dict[str, tuple[str, ...]] = {"colour": tuple(sorted(COLOURS)), "count": tuple(map(str, COUNTS)),
                                       "sign": SIGNS, "plaque": CHARS}
 KNOWN_LOOKS: dict[str, Look] = {e.id: e.look for e in knowledge_entities()}
-EXTRA: dict[str, tuple[str, ...]] = {"count_mean": LABELS["count"], "known": ("unknown", *KNOWN_LOOKS)}
+PLACES = tuple(f"{i * 100}-{i * 100 + 99}" for i in range(10))  # per mille of the picture, as boxes are
+EXTRA: dict[str, tuple[str, ...]] = {"count_mean": LABELS["count"], "known": ("unknown", *KNOWN_LOOKS),
+                                     "plaque_x": PLACES, "plaque_y": PLACES}
+
+
+def place(centre: float) -> str:
+    """The tenth of the picture (0-1000 coordinates) a box's centre lies in."""
+    return PLACES[min(9, max(0, int(centre) // 100))]
 
 
 @dataclass(frozen=True)
@@ -91,11 +103,13 @@ def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0) -> Pictu
         drawn = question_picture(look, rng)
         if drawn is None:  # the plaque fell outside this view (rare): draw another
             continue
-        picture, _, crop = drawn
+        picture, box, crop = drawn
         views.append(picture)
         crops.append(crop)
         for key, value in (("colour", look.colour), ("count", str(look.count)), ("sign", look.sign.value),
-                           ("plaque", look.plaque), ("count_mean", str(look.count)), ("known", which)):
+                           ("plaque", look.plaque), ("count_mean", str(look.count)), ("known", which),
+                           ("plaque_x", place((box[0] + box[2]) / 2)),
+                           ("plaque_y", place((box[1] + box[3]) / 2))):
             labels[key].append({**LABELS, **EXTRA}[key].index(value))
     return Pictures(views, crops, {k: torch.tensor(v) for k, v in labels.items()})
 

@@ -202,9 +202,19 @@ async def test_grammar_constrained_calls_validate_on_sglang(sglang_url: str, tin
                 assert gen.finish_reason == "stop", gen
                 jsonschema.validate(json.loads(gen.text), schema)
         answer = get_format().answer_grammar()
+        # A random model closes the answer only when it happens to sample the closing tag (~1 in 4,000
+        # tokens; SGLang's seeded sampling is not bit-stable on a busy CPU): either ending is fine, what the
+        # grammar guarantees is checked on both.
         gen = await client.generate(ctx, GenerationParams(max_new_tokens=400, temperature=1.0, seed=1,
                                                           grammar=answer))
-        assert gen.finish_reason == "stop" and gen.text.endswith("</answer>") and "<" not in gen.text[:-9]
+        assert gen.finish_reason in ("stop", "length"), gen
+        body, _, tail = gen.text.partition("<")
+        if gen.finish_reason == "stop":
+            assert tail == "/answer>", gen
+        else:  # cut by the budget: at most the closing tag's beginning after the answer
+            assert tail == "" or ("<" + tail) in ("</answer>"[:k] for k in range(1, 9)), gen
+        assert body and body[0] > " ", gen
+        assert not any(c < " " and c not in "\t\n" for c in body), gen
     finally:
         await client.close()
 

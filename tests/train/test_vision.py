@@ -10,17 +10,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ssr_server.train.picture_drills import question_picture
 from ssr_server.train.vision import (
     EXTRA,
     KNOWN_LOOKS,
     LABELS,
+    PLACES,
     PoolHead,
     TowerTrainer,
     VisionConfig,
     draw_pictures,
+    place,
     reinit_tower,
     train_vision,
 )
+from ssr_server.world.categories import MOTIFS
+from ssr_server.world.entities import draw_look
 from ssr_server.world.picture import PICTURE_SIZE
 
 
@@ -46,6 +51,22 @@ def test_a_known_share_draws_well_known_looks_labelled_by_entity() -> None:
     colours = [LABELS["colour"][i] for i in known.labels["colour"].tolist()]
     assert colours == [KNOWN_LOOKS[i].colour for i in ids]  # the entity's own look, in a fresh view
     assert known.labels["count_mean"].tolist() == known.labels["count"].tolist()
+
+
+def test_the_place_heads_label_the_tenth_holding_the_gold_boxs_centre() -> None:
+    assert [place(c) for c in (0, 99.9, 100, 541, 999, 1000)] == [PLACES[i] for i in (0, 0, 1, 5, 9, 9)]
+    rng = random.Random(5)
+    pics = draw_pictures(8, rng)
+    again = random.Random(5)
+    for i in range(8):
+        drawn = None
+        while drawn is None:  # draw_pictures skips the looks whose plaque fell outside the view
+            look = draw_look(again, again.choice(sorted(MOTIFS)))
+            drawn = question_picture(look, again)
+        _, box, _ = drawn
+        assert EXTRA["plaque_x"][int(pics.labels["plaque_x"][i])] == place((box[0] + box[2]) / 2)
+        assert EXTRA["plaque_y"][int(pics.labels["plaque_y"][i])] == place((box[1] + box[3]) / 2)
+    assert len(set(pics.labels["plaque_x"].tolist())) > 1  # plaques stand anywhere left to right
 
 
 def test_a_mean_head_averages_the_real_tokens() -> None:
@@ -106,9 +127,11 @@ def test_train_vision_changes_the_tower_only_and_writes_a_card(tiny_model_dir: P
 
 def test_train_vision_with_the_extra_heads(tiny_model_dir: Path, tmp_path: Path) -> None:
     figures = train_vision(VisionConfig(init=tiny_model_dir, out=tmp_path / "v", steps=2, batch_size=4,
-                                        threads=1, eval_pictures=4, heads=("count_mean", "known"),
-                                        known_share=0.5), progress=False)
-    assert {k for k in figures if k.startswith("accuracy.")} == {"accuracy.count_mean", "accuracy.known"}
+                                        threads=1, eval_pictures=4, known_share=0.5,
+                                        heads=("count_mean", "known", "plaque_x", "plaque_y")),
+                           progress=False)
+    assert {k for k in figures if k.startswith("accuracy.")} == {
+        "accuracy.count_mean", "accuracy.known", "accuracy.plaque_x", "accuracy.plaque_y"}
     assert figures["steps"] == 2
 
 
