@@ -30,6 +30,7 @@ from ssr_server.formats.format import PromptFormat
 from ssr_server.tools.zoom import zoom_crop
 from ssr_server.train.data import Example, png
 from ssr_server.world.closed_sets import CHARS, SHAPES
+from ssr_server.world.closed_sets import char_kind as _kind
 from ssr_server.world.entities import Entity, Look, draw_look
 from ssr_server.world.picture import draw_canvas, index_picture
 from ssr_server.world.records import Question
@@ -48,6 +49,7 @@ class PictureSource:
     answer: tuple[int, ...] | None  # reading: the answer action's tokens (<answer>purple</answer>)
     box: tuple[int, ...] | None  # detail: the zoom call's box numbers' tokens ("496, 735, 621, 897")
     look: Look | None = None  # KNOWN: the well-known entity's look, drawn in a fresh view
+    char_kind: str | None = None  # char: "number" or "letter", as the question asks
 
 
 def _find(ids: Sequence[int], part: Sequence[int]) -> list[int]:
@@ -65,11 +67,15 @@ def _swap(ids: list[int], mask: list[bool], old: Sequence[int], new: Sequence[in
     return at, at + len(new)
 
 
-def new_look(rng: random.Random, motif: str, aspect: str) -> Look:
+def new_look(rng: random.Random, motif: str, aspect: str, char_kind: str | None = None) -> Look:
     """A random look of ``motif`` whose big sign shows a ``aspect`` when the question asks for one
-    (``UNKNOWN``: any look)."""
+    (``UNKNOWN``: any look); for a ``char`` question, a character of the ``char_kind`` its text names
+    ("number" or "letter": a question asking for a letter must never be answered with a digit)."""
     look = draw_look(rng, motif)
-    if aspect in ("shape", "char") and look.sign.kind != aspect:
+    if aspect == "char" and char_kind is not None:
+        if look.sign.kind != "char" or _kind(look.sign.value) != char_kind:
+            look = replace(look, sign=Sign("char", rng.choice([c for c in CHARS if _kind(c) == char_kind])))
+    elif aspect in ("shape", "char") and look.sign.kind != aspect:
         look = replace(look, sign=Sign(aspect, rng.choice(SHAPES if aspect == "shape" else CHARS)))
     return look
 
@@ -163,12 +169,15 @@ class PictureDrills:
             box = self._enc(", ".join(str(int(v)) for v in q.moves[0].box))
         if len(_find(ex.ids, answer)) != 1 or (box is not None and len(_find(ex.ids, box)) != 1):
             return None
-        return PictureSource(ex, e.look.motif, q.attribute, answer, box)
+        kind = _kind(q.answer) if q.attribute == "char" else None
+        return PictureSource(ex, e.look.motif, q.attribute, answer, box, char_kind=kind)
 
     def drill(self, source: PictureSource, rng: random.Random) -> Example:
         """``source`` with a new picture and, for a reading drill, the new answer (and zoom box)."""
         for _ in range(8):  # a plaque can (rarely) fall outside a view: draw again
-            look = source.look if source.look is not None else new_look(rng, source.motif, source.aspect)
+            look = source.look
+            if look is None:
+                look = new_look(rng, source.motif, source.aspect, source.char_kind)
             drawn = question_picture(look, rng)
             if drawn is not None:
                 break

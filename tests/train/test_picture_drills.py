@@ -16,7 +16,8 @@ from PIL import Image, ImageChops
 from ssr_server.tools.zoom import zoom_crop
 from ssr_server.train.data import Example
 from ssr_server.train.picture_drills import ASPECTS, KNOWN, UNKNOWN, PictureDrills, answer_of, new_look
-from ssr_server.world.closed_sets import CHARS, COLOURS, SHAPES
+from ssr_server.world.categories import MOTIFS
+from ssr_server.world.closed_sets import CHARS, COLOURS, SHAPES, char_kind
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +93,8 @@ def test_a_drill_is_its_trajectory_with_a_new_answer_from_the_aspects_closed_set
             drill = d.drill(source, random.Random(seed))
             answer = _answer(tok, drill)
             assert answer in closed[source.aspect]
+            if source.aspect == "char":  # the kind of character the question's text names
+                assert source.char_kind is not None and char_kind(answer) == source.char_kind
             answers.add(answer)
             old, new = tok.decode(list(source.example.ids)), tok.decode(list(drill.ids))
             # the text differs only in the answer (and the zoom box of a detail question)
@@ -111,10 +114,20 @@ def test_the_answer_is_the_drawn_looks_and_the_picture_is_drawn_from_it(drills: 
     """The drill's rng draws the look first: the same seed gives the look the answer must come from."""
     tok, d, _ = drills
     for source in (s for s in d.sources if s.aspect in ASPECTS):
-        look = new_look(random.Random(3), source.motif, source.aspect)
+        look = new_look(random.Random(3), source.motif, source.aspect, source.char_kind)
         assert _answer(tok, d.drill(source, random.Random(3))) == answer_of(look, source.aspect)
         if source.aspect in ("shape", "char"):
             assert look.sign.kind == source.aspect
+
+
+def test_a_char_questions_drills_answer_with_the_kind_of_character_it_names() -> None:
+    """"Which letter does the big sign show?" is never answered with a digit (the shipped model answered
+    "2" to it: its drills had taught that any character answers it)."""
+    rng = random.Random(0)
+    for kind in ("letter", "number"):
+        drawn = {new_look(rng, motif, "char", kind).sign.value for motif in sorted(MOTIFS) for _ in range(3)}
+        assert {char_kind(c) for c in drawn} == {kind} and len(drawn) > 3
+    assert {char_kind(new_look(rng, "bus", "char").sign.value) for _ in range(60)} == {"letter", "number"}
 
 
 def test_a_detail_drills_zoom_call_box_crops_its_question_image_to_its_zoomed_image(drills: Any) -> None:
