@@ -72,11 +72,10 @@ def new_look(rng: random.Random, motif: str, aspect: str, char_kind: str | None 
     (``UNKNOWN``: any look); for a ``char`` question, a character of the ``char_kind`` its text names
     ("number" or "letter": a question asking for a letter must never be answered with a digit)."""
     look = draw_look(rng, motif)
-    if aspect == "char" and char_kind is not None:
-        if look.sign.kind != "char" or _kind(look.sign.value) != char_kind:
-            look = replace(look, sign=Sign("char", rng.choice([c for c in CHARS if _kind(c) == char_kind])))
-    elif aspect in ("shape", "char") and look.sign.kind != aspect:
-        look = replace(look, sign=Sign(aspect, rng.choice(SHAPES if aspect == "shape" else CHARS)))
+    if aspect in ("shape", "char"):
+        pool = SHAPES if aspect == "shape" else tuple(c for c in CHARS if char_kind in (None, _kind(c)))
+        if look.sign.kind != aspect or look.sign.value not in pool:
+            look = replace(look, sign=Sign(aspect, rng.choice(pool)))
     return look
 
 
