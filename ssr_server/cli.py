@@ -564,6 +564,9 @@ def train_sft_command(
     pictures_batch: Annotated[int, typer.Option(min=1, help="drills per picture batch")] = 32,
     picture_moves: Annotated[bool, typer.Option(help="picture drills also of first moves (search, two-hop, "
                                                      "knowledge), not only of reading")] = True,
+    freeze_vision: Annotated[bool, typer.Option(help="keep the vision tower as loaded (e.g. what `train "
+                                                     "vision` taught it); train the language model "
+                                                     "only")] = False,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -584,7 +587,7 @@ def train_sft_command(
                                   drill_contrast=drill_contrast, rephrase=rephrase, copy_every=copy_every,
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
-                                  picture_moves=picture_moves))
+                                  picture_moves=picture_moves, freeze_vision=freeze_vision))
     _report_training(figures, out)
 
 

@@ -79,6 +79,8 @@ class SFTConfig:
     # 1: every step (a reading phase: no trajectory batches at all)
     pictures_batch: int = 32  # drills per picture batch
     picture_moves: bool = True  # picture drills include first moves, not only reading (visual/detail)
+    freeze_vision: bool = False  # the vision tower (and its deepstack mergers) stays as loaded: what
+    # `train vision` taught it (e.g. where the plaque is) cannot drift away under the answers' gradients
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -115,8 +117,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     collate = Collator(model, processor, tok.pad_token_id or 0)
     renamer = Renamer(tok, questions) if cfg.rename else None
     rephraser = Rephraser(tok, questions, cfg.rephrase) if cfg.rephrase else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98),
-                                  weight_decay=cfg.weight_decay)
+    if cfg.freeze_vision:
+        model.model.visual.requires_grad_(False)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     config = {k: str(v) for k, v in asdict(cfg).items()}
     commands = reproduce(cfg.world, cfg.init)
     meta: dict[str, Any] = {"config": config, "command": "\n".join(commands), "commands": commands}
@@ -187,7 +191,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 tokens = collated.tokens
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            torch.nn.utils.clip_grad_norm_(trained, cfg.clip)
             optimizer.step()
             step += 1
             value = float(loss.detach())
@@ -222,6 +226,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         "picture_sources": len(pictures.sources) if pictures is not None else 0,
         "tokens_per_s": tokens_seen / max(time.perf_counter() - t_mark, 1e-9),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "trained_parameters": sum(p.numel() for p in trained),
     }
     model.eval()
     save_model(model, tok, cfg.out, {"trained": "sft", "format": mode, **config, "commands": commands})

@@ -101,6 +101,25 @@ def test_annealing_by_time_puts_a_run_its_budget_cuts_at_the_floor(world_dir: Pa
     assert [r["step"] for r in log] == [1] and log[0]["lr"] == pytest.approx(3e-4)
 
 
+def test_freezing_the_vision_tower_trains_the_language_model_only(world_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    out = tmp_path / "model"
+    base = SFTConfig(world=world_dir, out=tmp_path / "base", init="64x1", steps=1, batch_size=4, limit=16,
+                     threads=1, warmup=1)
+    train_sft(base, progress=False)
+    figures = train_sft(SFTConfig(**{**base.__dict__, "out": out, "init": str(base.out), "steps": 3,
+                                     "lr": 1e-2, "freeze_vision": True, "pictures_every": 2,
+                                     "pictures_batch": 4}), progress=False)
+    before = AutoModelForImageTextToText.from_pretrained(base.out).state_dict()
+    after = AutoModelForImageTextToText.from_pretrained(out).state_dict()
+    tower = [k for k in before if ".visual." in k]
+    rest = [k for k in before if ".visual." not in k and before[k].is_floating_point()]
+    assert tower and rest and figures["trained_parameters"] < figures["parameters"]
+    assert all(torch.equal(before[k], after[k]) for k in tower)  # picture batches ran: it had gradients
+    assert sum(not torch.equal(before[k], after[k]) for k in rest) > len(rest) // 2
+
+
 def test_the_example_cache_returns_the_replay_and_is_keyed_by_its_inputs(
         world_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     import shutil

@@ -26,12 +26,16 @@ def test_sft_passes_a_reading_phase_and_annealing_by_time(tmp_path: Path,
     monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
     monkeypatch.setattr("ssr_server.cli._report_training", lambda figures, out: None)
     base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
-    flags = ["--pictures-every", "1", "--no-picture-moves", "--anneal-by-time"]
+    flags = ["--pictures-every", "1", "--no-picture-moves", "--anneal-by-time", "--freeze-vision"]
     result = CliRunner().invoke(app, [*base, *flags])
     assert result.exit_code == 0, result.output
-    assert (seen[0].pictures_every, seen[0].picture_moves, seen[0].anneal_by_time) == (1, False, True)
+    cfg = seen[0]
+    assert (cfg.pictures_every, cfg.picture_moves, cfg.anneal_by_time, cfg.freeze_vision) == (
+        1, False, True, True)
     CliRunner().invoke(app, base)
-    assert (seen[1].pictures_every, seen[1].picture_moves, seen[1].anneal_by_time) == (0, True, False)
+    cfg = seen[1]
+    assert (cfg.pictures_every, cfg.picture_moves, cfg.anneal_by_time, cfg.freeze_vision) == (
+        0, True, False, False)
 
 
 def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Path,
