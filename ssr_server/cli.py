@@ -611,6 +611,10 @@ def train_vision_command(
         = 0.25,
     anchor: Annotated[float, typer.Option(min=0.0, help="weight of the tokens' drift from the initial "
                                                         "tower's (0: free)")] = 0.0,
+    image_pixels: Annotated[int | None, typer.Option(
+        min=4096, help="resize every picture to about this many pixels, and the model keeps it (default: as "
+                       "--init does); 143360 = 448x320, four times the tokens of the world's pictures")
+    ] = None,
 ) -> None:
     """Train the vision tower on freshly drawn pictures (heads on what questions read, not kept)."""
     from ssr_server.train.vision import EXTRA, LABELS, VisionConfig, train_vision
@@ -622,7 +626,8 @@ def train_vision_command(
         raise typer.BadParameter(f"--heads takes some of {', '.join([*LABELS, *EXTRA])}")
     figures = train_vision(VisionConfig(init=init, out=out, steps=steps, batch_size=batch_size, lr=lr,
                                         reinit=reinit, seed=seed, max_minutes=max_minutes, threads=threads,
-                                        heads=chosen, known_share=known_share, anchor=anchor))
+                                        heads=chosen, known_share=known_share, anchor=anchor,
+                                        image_pixels=image_pixels))
     _report_training(figures, out)
 
 

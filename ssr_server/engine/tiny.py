@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 Vocab = Literal["trained", "qwen"]
+Pixels = tuple[int, int]  # the fewest and the most pixels the image processor resizes a picture to
+DEFAULT_PIXELS: Pixels = (32 * 32 * 4, 32 * 32 * 64)  # 4 to 64 merged tokens (the world's 224x160: 35)
 
 # Qwen's pre-tokenizer split (single digits, as Qwen2/Qwen3 use).
 # Words kept apart from the space or punctuation before them (a space is a token of its own): a name is
@@ -229,14 +231,15 @@ def make_config(tok: Any, shape: TinyShape) -> Any:
     return config
 
 
-def save_model(model: Any, tok: Any, out: str | os.PathLike[str], meta: dict[str, Any]) -> Path:
-    """The Hugging Face layout every loader here reads: weights, config, tokenizer, image-processor config,
-    and ``ssr_tiny.json`` (how the model was made)."""
+def save_model(model: Any, tok: Any, out: str | os.PathLike[str], meta: dict[str, Any],
+               pixels: Pixels = DEFAULT_PIXELS) -> Path:
+    """The Hugging Face layout every loader here reads: weights, config, tokenizer, image-processor config
+    (resizing every picture to between ``pixels`` pixels), and ``ssr_tiny.json`` (how the model was made)."""
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     tok.save_pretrained(path)
-    write_processor_config(path)
+    write_processor_config(path, pixels)
     (path / "ssr_tiny.json").write_text(json.dumps(meta, indent=1))
     return path
 
@@ -260,16 +263,29 @@ def build_tiny_model(out_dir: str | os.PathLike[str], seed: int = 0, vocab: Voca
     return save_model(model, tok, out_dir, {"seed": seed, "vocab": vocab})
 
 
-def write_processor_config(out: Path) -> None:
+def read_pixels(model_dir: str | os.PathLike[str]) -> Pixels:
+    """The (fewest, most) pixels a model folder's image processor resizes pictures to; the default where
+    the folder has no processor config (a shape name, a fresh model)."""
+    path = Path(model_dir) / "preprocessor_config.json"
+    if not path.is_file():
+        return DEFAULT_PIXELS
+    size = json.loads(path.read_text()).get("size") or {}
+    fewest, most = size.get("shortest_edge", DEFAULT_PIXELS[0]), size.get("longest_edge", DEFAULT_PIXELS[1])
+    return int(fewest), int(most)
+
+
+def write_processor_config(out: Path, pixels: Pixels = DEFAULT_PIXELS) -> None:
     # Written by hand: Qwen3VLProcessor.save_pretrained needs torchvision (a CUDA-only build here).
-    pixels = {"shortest_edge": 32 * 32 * 4, "longest_edge": 32 * 32 * 64}  # at most 64 merged tokens
+    if not 0 < pixels[0] <= pixels[1]:
+        raise ValueError(f"image pixels must satisfy 0 < fewest <= most, got {pixels}")
+    size = {"shortest_edge": pixels[0], "longest_edge": pixels[1]}
     cfg = {
         "image_processor_type": "Qwen2VLImageProcessor",
         "processor_class": "Qwen3VLProcessor",
         "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
         "rescale_factor": 1 / 255, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-        "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "size": pixels,
-        "min_pixels": pixels["shortest_edge"], "max_pixels": pixels["longest_edge"],
+        "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2, "size": size,
+        "min_pixels": pixels[0], "max_pixels": pixels[1],
         "resample": 3,
     }
     (out / "preprocessor_config.json").write_text(json.dumps(cfg, indent=1))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ssr_server.engine.tiny import save_model
+from ssr_server.engine.tiny import DEFAULT_PIXELS, Pixels, save_model
 
 
 def command_line() -> str:
@@ -45,11 +45,11 @@ def reproduce(world: Path, init: str | Path) -> list[str]:
 
 
 def save_checkpoint(out: Path, model: Any, tok: Any, optimizer: torch.optim.Optimizer, step: int,
-                    meta: dict[str, Any], keep: int = 2) -> Path:
+                    meta: dict[str, Any], keep: int = 2, pixels: Pixels = DEFAULT_PIXELS) -> Path:
     folder = out / "checkpoints" / f"step-{step:06d}"
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tok, tmp, {**meta, "step": step})
+    save_model(model, tok, tmp, {**meta, "step": step}, pixels)
     torch.save({"optimizer": optimizer.state_dict(), "step": step, "torch_rng": torch.get_rng_state(),
                 "python_rng": random.getstate(), "numpy_rng": np.random.get_state()}, tmp / "trainer.pt")
     (tmp / "state.json").write_text(json.dumps({"step": step, **meta}, indent=1, default=str))

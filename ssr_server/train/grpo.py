@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from ssr_server.agent.loop import Agent, RunOptions
-from ssr_server.engine.tiny import save_model, write_processor_config
+from ssr_server.engine.tiny import read_pixels, save_model, write_processor_config
 from ssr_server.eval.trajectories import question_image, world_tools
 from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
@@ -165,6 +165,7 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model, tok = load_model(cfg.init)
+    pixels = read_pixels(cfg.init)
     reference = copy.deepcopy(model).eval() if cfg.kl > 0 else None
     fmt = get_format()
     library = LibraryRegistry().get("default")
@@ -172,7 +173,7 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                 if cfg.format == "ssr" else None)
     questions = split_questions(load_questions(cfg.world / "questions.jsonl"), "train", None, cfg.seed)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    write_processor_config(cfg.out)
+    write_processor_config(cfg.out, pixels)
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collator = Collator(model, processor, tok.pad_token_id or 0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
@@ -192,7 +193,7 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
         while iteration < cfg.iterations and (time.perf_counter() - started) / 60 < cfg.max_minutes:
             batch_qs = rng.sample(questions, cfg.questions)
             model.eval()
-            save_model(model, tok, tmp, {"grpo_iteration": iteration})
+            save_model(model, tok, tmp, {"grpo_iteration": iteration}, pixels)
             t0 = time.perf_counter()
             rollouts = with_advantages(asyncio.run(collect(cfg, Path(tmp), batch_qs, cfg.seed + iteration)))
             rollout_s = time.perf_counter() - t0
@@ -237,10 +238,10 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
             bar.update(1)
             bar.set_postfix(success=f"{record['success']:.2f}", reward=f"{record['reward_mean']:.2f}",
                             refresh=False)
-            save_checkpoint(cfg.out, model, tok, optimizer, iteration, meta)
+            save_checkpoint(cfg.out, model, tok, optimizer, iteration, meta, pixels=pixels)
     bar.close()
     model.eval()
-    save_model(model, tok, cfg.out, {"trained": "grpo", **config, "commands": commands})
+    save_model(model, tok, cfg.out, {"trained": "grpo", **config, "commands": commands}, pixels)
     figures = {"iterations": iteration, "minutes": (time.perf_counter() - started) / 60,
                "first_success": history[0]["success"] if history else None,
                "last_success": history[-1]["success"] if history else None}

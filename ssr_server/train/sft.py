@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ssr_server.engine.tiny import save_model, write_processor_config
+from ssr_server.engine.tiny import DEFAULT_PIXELS, read_pixels, save_model, write_processor_config
 from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
 from ssr_server.progress import progress_bar
@@ -98,8 +98,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     fmt = get_format()
     library = LibraryRegistry().get(cfg.library)
     questions = split_questions(load_questions(cfg.world / "questions.jsonl"), "train", cfg.limit, cfg.seed)
+    pixels = DEFAULT_PIXELS
     if Path(cfg.init).is_dir():
         model, tok = load_model(cfg.init)
+        pixels = read_pixels(cfg.init)  # the tower learnt to see pictures at this size: keep it
     else:
         model, tok = new_model(cfg.init, cfg.world, questions, fmt, library, cfg.seed)
     mode = "freeform" if cfg.format == "freeform" else "ssr"
@@ -112,7 +114,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         raise ValueError(f"no training examples in {cfg.world} (split train)")
     data_minutes = (time.perf_counter() - started) / 60
     cfg.out.mkdir(parents=True, exist_ok=True)
-    write_processor_config(cfg.out)  # the image processing every loader of the result will use
+    write_processor_config(cfg.out, pixels)  # the image processing every loader of the result will use
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collate = Collator(model, processor, tok.pad_token_id or 0)
     renamer = Renamer(tok, questions) if cfg.rename else None
@@ -209,7 +211,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 log.flush()
             out_of_time = (time.perf_counter() - started) / 60 > cfg.max_minutes
             if step % cfg.save_every == 0 or out_of_time:
-                save_checkpoint(cfg.out, model, tok, optimizer, step, meta)
+                save_checkpoint(cfg.out, model, tok, optimizer, step, meta, pixels=pixels)
             if out_of_time:
                 stopped_early = True
                 break
@@ -229,7 +231,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         "trained_parameters": sum(p.numel() for p in trained),
     }
     model.eval()
-    save_model(model, tok, cfg.out, {"trained": "sft", "format": mode, **config, "commands": commands})
+    meta_out = {"trained": "sft", "format": mode, **config, "commands": commands}
+    save_model(model, tok, cfg.out, meta_out, pixels)
     write_card(cfg.out, {
         "title": f"SSR {mode}-SFT of {cfg.init}", "command": meta["command"],
         "description": f"A Qwen3-VL-architecture model trained by `ssr-server train sft` on the oracle "

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from PIL import Image
 
-from ssr_server.engine.tiny import save_model
+from ssr_server.engine.tiny import read_pixels, save_model, write_processor_config
 from ssr_server.progress import progress_bar
 from ssr_server.train.checkpoint import reproduce, write_card
 from ssr_server.train.picture_drills import question_picture
@@ -79,6 +79,7 @@ class VisionConfig:
     heads: tuple[str, ...] = tuple(LABELS)  # of LABELS and EXTRA
     known_share: float = 0.25  # with a "known" head: pictures that show a well-known entity
     anchor: float = 0.0  # weight of the tokens' drift from the initial tower's (keeps what SFT taught)
+    image_pixels: int | None = None  # resize every picture to about this many pixels (None: as --init does)
 
 
 @dataclass(frozen=True)
@@ -219,11 +220,14 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    model, tok = load_model(cfg.init)
-    processor = AutoImageProcessor.from_pretrained(cfg.init, backend="pil")
     unknown = set(cfg.heads) - set(LABELS) - set(EXTRA)
     if unknown or not cfg.heads:
         raise ValueError(f"unknown heads {sorted(unknown)}; known: {[*LABELS, *EXTRA]}")
+    model, tok = load_model(cfg.init)
+    pixels = (cfg.image_pixels, cfg.image_pixels) if cfg.image_pixels else read_pixels(cfg.init)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    write_processor_config(cfg.out, pixels)  # trained at the size the result will see pictures at
+    processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     trainer = TowerTrainer(model, processor, cfg.heads, cfg.anchor)
     share = cfg.known_share if "known" in cfg.heads else 0.0
     if cfg.reinit:
@@ -231,7 +235,6 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
     params = [*trainer.tower.parameters(), *trainer.heads.parameters()]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
-    cfg.out.mkdir(parents=True, exist_ok=True)
     log_path = cfg.out / "train_log.jsonl"
     trainer.tower.train()
     bar = progress_bar(total=cfg.steps, desc="vision", unit="step", disable=not progress)
@@ -264,7 +267,7 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
     figures = {"steps": step, "planned_steps": cfg.steps, "first_loss": first_loss,
                "minutes": (time.perf_counter() - started) / 60,
                **{f"accuracy.{k}": round(v, 4) for k, v in held_out.items()}}
-    save_model(model, tok, cfg.out, {"trained": "vision", **config, "commands": commands})
+    save_model(model, tok, cfg.out, {"trained": "vision", **config, "commands": commands}, pixels)
     write_card(cfg.out, {
         "title": f"Vision tower trained on drawn pictures (from {cfg.init})", "command": "\n".join(commands),
         "description": "The model of --init with its vision tower trained by `ssr-server train vision` "

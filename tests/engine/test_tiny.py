@@ -85,3 +85,19 @@ def test_trained_vocab_keeps_qwen_special_order(offline: dict[str, Any], tiny_di
     base = ids["<|endoftext|>"]
     order = {t: base + i for i, t in enumerate(SPECIAL_TOKENS)}
     assert all(ids[t] == order[t] for t in ids)
+
+
+def test_the_picture_size_round_trips_through_the_processor_config(tmp_path: Path) -> None:
+    from PIL import Image
+    from transformers import AutoImageProcessor
+
+    from ssr_server.engine.tiny import DEFAULT_PIXELS, read_pixels, write_processor_config
+
+    assert read_pixels(tmp_path) == DEFAULT_PIXELS  # no config: what a fresh model gets
+    write_processor_config(tmp_path, (448 * 320, 448 * 320))
+    assert read_pixels(tmp_path) == (448 * 320, 448 * 320)
+    grid = AutoImageProcessor.from_pretrained(tmp_path, backend="pil")(
+        images=[Image.new("RGB", (224, 160))], return_tensors="pt")["image_grid_thw"]
+    assert grid.tolist() == [[1, 20, 28]]  # 224x160 drawn at twice the side: 560 patches, 140 merged tokens
+    with pytest.raises(ValueError, match="image pixels"):
+        write_processor_config(tmp_path, (8192, 4096))

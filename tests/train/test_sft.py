@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ssr_server.engine.tiny import DEFAULT_PIXELS, read_pixels, write_processor_config
 from ssr_server.train.data import Collator, assistant_mask, shared_prefix, token_logits
 from ssr_server.train.sft import SFTConfig, train_sft
 
@@ -118,6 +119,19 @@ def test_freezing_the_vision_tower_trains_the_language_model_only(world_dir: Pat
     assert tower and rest and figures["trained_parameters"] < figures["parameters"]
     assert all(torch.equal(before[k], after[k]) for k in tower)  # picture batches ran: it had gradients
     assert sum(not torch.equal(before[k], after[k]) for k in rest) > len(rest) // 2
+
+
+def test_a_run_from_a_model_folder_keeps_its_picture_size(world_dir: Path, tmp_path: Path) -> None:
+    base = SFTConfig(world=world_dir, out=tmp_path / "base", init="64x1", steps=1, batch_size=2, limit=8,
+                     threads=1, warmup=1)
+    train_sft(base, progress=False)
+    assert read_pixels(base.out) == DEFAULT_PIXELS  # a fresh shape sees pictures at the default size
+    write_processor_config(base.out, (8192, 16384))  # as `train vision --image-pixels` leaves a tower
+    out = tmp_path / "model"
+    train_sft(SFTConfig(**{**base.__dict__, "out": out, "init": str(base.out), "save_every": 1}),
+              progress=False)
+    assert read_pixels(out) == (8192, 16384)
+    assert all(read_pixels(c) == (8192, 16384) for c in (out / "checkpoints").glob("step-*"))
 
 
 def test_the_example_cache_returns_the_replay_and_is_keyed_by_its_inputs(

@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ssr_server.engine.tiny import read_pixels
 from ssr_server.train.picture_drills import question_picture
 from ssr_server.train.vision import (
     EXTRA,
@@ -133,6 +134,20 @@ def test_train_vision_with_the_extra_heads(tiny_model_dir: Path, tmp_path: Path)
     assert {k for k in figures if k.startswith("accuracy.")} == {
         "accuracy.count_mean", "accuracy.known", "accuracy.plaque_x", "accuracy.plaque_y"}
     assert figures["steps"] == 2
+
+
+def test_image_pixels_trains_at_that_size_and_the_model_keeps_it(tiny_model_dir: Path,
+                                                                  tmp_path: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    out = tmp_path / "v"
+    train_vision(VisionConfig(init=tiny_model_dir, out=out, steps=1, batch_size=2, threads=1, eval_pictures=2,
+                              image_pixels=448 * 320), progress=False)
+    assert read_pixels(out) == (448 * 320, 448 * 320) != read_pixels(tiny_model_dir)
+    picture = question_picture(draw_look(random.Random(0), sorted(MOTIFS)[0]), random.Random(1))
+    assert picture is not None
+    grid = AutoImageProcessor.from_pretrained(out, backend="pil")(images=[picture[0]], return_tensors="pt")
+    assert int(grid["image_grid_thw"].prod()) == 4 * PICTURE_SIZE[0] * PICTURE_SIZE[1] // 16 ** 2
 
 
 def test_the_anchor_measures_drift_from_the_initial_tower(tiny_model_dir: Path) -> None:
