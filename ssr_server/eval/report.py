@@ -26,14 +26,15 @@ def make_record(question: Question, run: dict[str, Any] | None, error: str | Non
                 candidate_actions: dict[str, str]) -> dict[str, Any]:
     """The record of one question; ``candidate_actions`` maps the library's ids to their actions."""
     gold = [m.move for m in question.moves]
+    gold_box = next((list(m.box) for m in question.moves if m.box), None)
     base = {"id": question.id, "kind": question.kind, "split": question.split, "question": question.question,
             "gold_answer": question.answer, "aliases": list(question.aliases), "gold_moves": gold,
-            "heldout": question.heldout_template}
+            "heldout": question.heldout_template, "gold_box": gold_box}
     if run is None:
         return {**base, "prediction": None, "correct": False, "outcome": "failed", "error": error, "turns": 0,
                 "chosen": [], "actions": [], "move_correct": [], "action_correct": [], "consistent": [],
                 "reasoning_s": [], "action_s": [], "model_s": 0.0, "generated_tokens": 0, "scored_tokens": 0,
-                "zoom_on_target": []}
+                "zoom_on_target": [], "zoom_boxes": []}
     turns = run["turns"]
     chosen = [t["candidate_id"] for t in turns]
     actions = [t["action_type"] for t in turns]
@@ -53,6 +54,9 @@ def make_record(question: Question, run: dict[str, Any] | None, error: str | Non
         "generated_tokens": sum(t["reasoning_tokens"] + t["action_tokens"] for t in turns),
         "scored_tokens": sum(t["scored_tokens"] for t in turns),
         "zoom_on_target": _zoom_on_target(question, turns),
+        # as the model wrote them (a box the tool refused included): where its boxes go, not only if they hit
+        "zoom_boxes": [(t.get("arguments") or {}).get("bbox_2d") for t in turns
+                       if t.get("action_type") == "zoom"],
     }
 
 

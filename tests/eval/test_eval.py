@@ -100,11 +100,13 @@ def test_records_judge_whether_a_zoom_box_is_on_the_plaque(world_dir: Path) -> N
         {**turn, "candidate_id": "r_ANSWER_FROM_IMAGE", "action_type": "answer", "arguments": {}}]}
     r = make_record(q, run, None, {})
     assert r["zoom_on_target"] == [True, False, False]
+    assert r["zoom_boxes"] == [list(gold), beside, "not a box"] and r["gold_box"] == list(gold)
     s = summarize([r])
     assert s["overall"]["zoom_calls"] == 3 and s["overall"]["zoom_on_target"] == pytest.approx(1 / 3)
     assert "33.3% of 3 zoom calls" in format_summary(s)
     search = next(q for q in load_questions(world_dir / "questions.jsonl") if q.kind == "search")
     assert make_record(search, run, None, {})["zoom_on_target"] == []  # no gold box: nothing to judge
+    assert make_record(search, run, None, {})["gold_box"] is None
 
 
 def test_limit_covers_every_kind(world_dir: Path) -> None:
