@@ -515,6 +515,14 @@ def _int_pair(text: str, option: str) -> tuple[int, int]:
     return a, b
 
 
+def _zoom_style(text: str) -> str:
+    from ssr_server.world.views import ZOOM_STYLES
+
+    if text not in ZOOM_STYLES:
+        raise typer.BadParameter(f"--zoom takes {' or '.join(ZOOM_STYLES)}")
+    return text
+
+
 def _report_training(figures: dict[str, Any], out: Path) -> None:
     typer.echo(json.dumps(figures, indent=1, default=str))
     typer.echo(f"model written to {out}")
@@ -567,6 +575,8 @@ def train_sft_command(
     freeze_vision: Annotated[bool, typer.Option(help="keep the vision tower as loaded (e.g. what `train "
                                                      "vision` taught it); train the language model "
                                                      "only")] = False,
+    zoom: Annotated[str, typer.Option(help="the zoom box of detail trajectories and drills: tight (the gold "
+                                           "box) or strip (its rows, the whole width)")] = "tight",
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -587,7 +597,8 @@ def train_sft_command(
                                   drill_contrast=drill_contrast, rephrase=rephrase, copy_every=copy_every,
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
-                                  picture_moves=picture_moves, freeze_vision=freeze_vision))
+                                  picture_moves=picture_moves, freeze_vision=freeze_vision,
+                                  zoom=_zoom_style(zoom)))
     _report_training(figures, out)
 
 
@@ -615,6 +626,9 @@ def train_vision_command(
         min=4096, help="resize every picture to about this many pixels, and the model keeps it (default: as "
                        "--init does); 143360 = 448x320, four times the tokens of the world's pictures")
     ] = None,
+    zoom: Annotated[str, typer.Option(help="the plaque head reads the crop at the zoom box of this style: "
+                                           "tight (the gold box) or strip (its rows, the whole width)")]
+        = "tight",
 ) -> None:
     """Train the vision tower on freshly drawn pictures (heads on what questions read, not kept)."""
     from ssr_server.train.vision import EXTRA, LABELS, VisionConfig, train_vision
@@ -627,7 +641,7 @@ def train_vision_command(
     figures = train_vision(VisionConfig(init=init, out=out, steps=steps, batch_size=batch_size, lr=lr,
                                         reinit=reinit, seed=seed, max_minutes=max_minutes, threads=threads,
                                         heads=chosen, known_share=known_share, anchor=anchor,
-                                        image_pixels=image_pixels))
+                                        image_pixels=image_pixels, zoom=_zoom_style(zoom)))
     _report_training(figures, out)
 
 

@@ -35,7 +35,7 @@ from ssr_server.world.entities import Entity, Look, draw_look
 from ssr_server.world.picture import draw_canvas, index_picture
 from ssr_server.world.records import Question
 from ssr_server.world.scene import Sign
-from ssr_server.world.views import make_view, zoom_box
+from ssr_server.world.views import make_view, styled_box, zoom_box
 
 ASPECTS = ("colour", "count", "shape", "char", "plaque")  # what a visual or detail question reads
 KNOWN, UNKNOWN = "known", "unknown"  # move drills: the same well-known entity / a never-seen look
@@ -102,10 +102,11 @@ def _first_move(ex: Example, e: Entity, image_pad: int) -> PictureSource | None:
                          e.look if e.knowledge else None)
 
 
-def question_picture(look: Look, rng: random.Random) -> tuple[Image.Image, tuple[int, int, int, int],
-                                                              Image.Image] | None:
+def question_picture(look: Look, rng: random.Random, zoom: str = "tight") -> tuple[
+        Image.Image, tuple[int, int, int, int], Image.Image] | None:
     """A question image of ``look`` as the world draws one (a perturbed view of its picture), the gold zoom
-    box around its plaque and the zoom tool's crop there; None when the plaque fell outside the view."""
+    box around its plaque and the zoom tool's crop at that box in the ``zoom`` style
+    (``views.styled_box``); None when the plaque fell outside the view."""
     canvas = draw_canvas(look)
     view = make_view(index_picture(canvas), rng.getrandbits(63))
     try:
@@ -114,17 +115,19 @@ def question_picture(look: Look, rng: random.Random) -> tuple[Image.Image, tuple
         return None
     with Image.open(io.BytesIO(view.jpeg)) as decoded:  # the pixels a question image has
         picture = decoded.convert("RGB")
-    return picture, box, zoom_crop(picture, box)
+    return picture, box, zoom_crop(picture, styled_box(box, zoom))
 
 
 class PictureDrills:
     """Sources (reading: visual and detail trajectories; moves: first turns of pictured questions) and the
     drawing of drills."""
 
-    def __init__(self, sources: Sequence[PictureSource], tok: Any, fmt: PromptFormat) -> None:
+    def __init__(self, sources: Sequence[PictureSource], tok: Any, fmt: PromptFormat,
+                 zoom: str = "tight") -> None:
         self.sources = list(sources)
         self.tok = tok
         self.fmt = fmt
+        self.zoom = zoom  # the zoom style of the sources' boxes, which drills keep
 
     def _enc(self, text: str) -> tuple[int, ...]:
         return tuple(self.tok.encode(text, add_special_tokens=False))
@@ -134,13 +137,14 @@ class PictureDrills:
 
     @classmethod
     def of(cls, examples: Sequence[Example], questions: Sequence[Question], entities: Sequence[Entity],
-           tok: Any, fmt: PromptFormat, *, moves: bool = True) -> PictureDrills:
+           tok: Any, fmt: PromptFormat, *, moves: bool = True, zoom: str = "tight") -> PictureDrills:
         """The sources among ``examples``: visual and detail trajectories (one image, or the question's
         and the zoomed crop) in which the answer and, for detail, the zoom box occur exactly once; with
-        ``moves``, the first turns of search, two-hop and knowledge trajectories too."""
+        ``moves``, the first turns of search, two-hop and knowledge trajectories too. ``questions``' zoom
+        boxes are in the ``zoom`` style (``setup.zoom_styled``), as the examples' are."""
         by_id = {q.id: q for q in questions}
         by_entity = {e.id: e for e in entities}
-        drills = cls([], tok, fmt)
+        drills = cls([], tok, fmt, zoom)
         image_pad = int(tok.convert_tokens_to_ids("<|image_pad|>"))
         for ex in examples:
             q = by_id.get(ex.key.split("/", 1)[0])
@@ -177,7 +181,7 @@ class PictureDrills:
             look = source.look
             if look is None:
                 look = new_look(rng, source.motif, source.aspect, source.char_kind)
-            drawn = question_picture(look, rng)
+            drawn = question_picture(look, rng, self.zoom)
             if drawn is not None:
                 break
         else:
@@ -187,7 +191,8 @@ class PictureDrills:
         images: tuple[bytes, ...] = (png(picture, compress_level=1),)
         learnt: list[tuple[int, int]] = []  # what the new picture decides
         if source.box is not None:  # the zoom call comes before the answer
-            learnt.append(_swap(ids, mask, source.box, self._enc(", ".join(map(str, box)))))
+            written = styled_box(box, self.zoom)
+            learnt.append(_swap(ids, mask, source.box, self._enc(", ".join(map(str, written)))))
             images += (png(crop, compress_level=1),)
         if source.answer is not None:
             learnt.append(_swap(ids, mask, source.answer, self._answer(answer_of(look, source.aspect))))

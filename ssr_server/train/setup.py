@@ -19,6 +19,7 @@ import os
 import pickle
 import random
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from ssr_server.library import Library
 from ssr_server.progress import progress_bar
 from ssr_server.train.data import Example, make_example
 from ssr_server.world.records import Question
+from ssr_server.world.views import ZOOM_STYLES, styled_box
 
 
 def world_texts(world: Path, questions: Sequence[Question], fmt: PromptFormat,
@@ -131,6 +133,7 @@ def _cache_path(world: Path, questions: Sequence[Question], tokenizer: Any, fmt:
     manifest = world / "manifest.json"
     h.update(manifest.read_bytes() if manifest.is_file() else str(world.resolve()).encode())
     h.update("\n".join(q.id for q in questions).encode())
+    h.update(json.dumps([m.box for q in questions for m in q.moves if m.action == "zoom"]).encode())
     h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     h.update(json.dumps([fmt.name, fmt.system_prompt(library), list(fmt.candidate_surfaces(library)),
                          mode, list(seeds), label_only]).encode())
@@ -157,6 +160,16 @@ async def _replay(world: Path, questions: Sequence[Question], tokenizer: Any, fm
                                     close_id))
     bar.close()
     return out, dropped
+
+
+def zoom_styled(questions: Sequence[Question], style: str) -> list[Question]:
+    """``questions`` with every zoom move's box in the zoom ``style`` (``views.styled_box``): what the
+    oracle trajectories and picture drills then write. The world's gold boxes stay as built."""
+    if style not in ZOOM_STYLES:
+        raise ValueError(f"zoom style {style!r} is not one of {', '.join(ZOOM_STYLES)}")
+    return [replace(q, moves=[replace(m, box=list(styled_box(m.box, style))) if m.action == "zoom" else m
+                              for m in q.moves]) if any(m.action == "zoom" for m in q.moves) else q
+            for q in questions]
 
 
 def split_questions(questions: Sequence[Question], split: str, limit: int | None,

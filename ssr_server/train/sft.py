@@ -32,7 +32,7 @@ from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
 from ssr_server.train.rephrase import Rephraser
 from ssr_server.train.schedule import budget_step, cosine_lr
-from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions
+from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions, zoom_styled
 from ssr_server.world.build import world_entities
 from ssr_server.world.records import load_questions
 
@@ -81,6 +81,7 @@ class SFTConfig:
     picture_moves: bool = True  # picture drills include first moves, not only reading (visual/detail)
     freeze_vision: bool = False  # the vision tower (and its deepstack mergers) stays as loaded: what
     # `train vision` taught it (e.g. where the plaque is) cannot drift away under the answers' gradients
+    zoom: str = "tight"  # the zoom box detail trajectories and drills write (views.styled_box)
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -97,7 +98,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     random.seed(cfg.seed)
     fmt = get_format()
     library = LibraryRegistry().get(cfg.library)
-    questions = split_questions(load_questions(cfg.world / "questions.jsonl"), "train", cfg.limit, cfg.seed)
+    questions = zoom_styled(split_questions(load_questions(cfg.world / "questions.jsonl"), "train", cfg.limit,
+                                            cfg.seed), cfg.zoom)
     pixels = DEFAULT_PIXELS
     if Path(cfg.init).is_dir():
         model, tok = load_model(cfg.init)
@@ -159,7 +161,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     copy_steps = sum(b == COPY for b in order[: cfg.steps])
     picture_steps = sum(b == PICTURES for b in order[: cfg.steps])
     pictures = (PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt,
-                                 moves=cfg.picture_moves) if cfg.pictures_every else None)
+                                 moves=cfg.picture_moves, zoom=cfg.zoom) if cfg.pictures_every else None)
     if pictures is not None and not pictures.sources:
         raise ValueError("--pictures-every: no visual or detail trajectory to draw pictures for")
     log_path = cfg.out / "train_log.jsonl"

@@ -80,6 +80,7 @@ class VisionConfig:
     known_share: float = 0.25  # with a "known" head: pictures that show a well-known entity
     anchor: float = 0.0  # weight of the tokens' drift from the initial tower's (keeps what SFT taught)
     image_pixels: int | None = None  # resize every picture to about this many pixels (None: as --init does)
+    zoom: str = "tight"  # the plaque head reads the zoom tool's crop at the box of this style (views.py)
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,9 @@ class Pictures:
     labels: dict[str, torch.Tensor]  # per head: (B,) class indices
 
 
-def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0) -> Pictures:
+def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: str = "tight") -> Pictures:
     """``n`` pictures of random looks of random motifs (a ``known_share`` of them the looks of well-known
-    entities), as question views, with their zoom crops."""
+    entities), as question views, with their zoom crops in the ``zoom`` style."""
     views: list[Image.Image] = []
     crops: list[Image.Image] = []
     labels: dict[str, list[int]] = {k: [] for k in (*LABELS, *EXTRA)}
@@ -101,7 +102,7 @@ def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0) -> Pictu
         if known_share > 0 and rng.random() < known_share:  # no draw at 0: old commands see old pictures
             which = rng.choice(known)
         look = KNOWN_LOOKS[which] if which != "unknown" else draw_look(rng, rng.choice(motifs))
-        drawn = question_picture(look, rng)
+        drawn = question_picture(look, rng, zoom)
         if drawn is None:  # the plaque fell outside this view (rare): draw another
             continue
         picture, box, crop = drawn
@@ -245,7 +246,7 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
         while step < cfg.steps and (time.perf_counter() - started) / 60 <= cfg.max_minutes:
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps, 0.1)
-            loss, accuracy = trainer.loss(draw_pictures(cfg.batch_size, rng, share))
+            loss, accuracy = trainer.loss(draw_pictures(cfg.batch_size, rng, share, cfg.zoom))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -261,7 +262,7 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
                 log.flush()
     bar.close()
     trainer.tower.eval()
-    held_out = evaluate(trainer, cfg.eval_pictures, random.Random(cfg.seed + 1_000_003), share)
+    held_out = evaluate(trainer, cfg.eval_pictures, random.Random(cfg.seed + 1_000_003), share, cfg.zoom)
     config = {k: str(v) for k, v in asdict(cfg).items()}
     commands = reproduce(Path("."), cfg.init)
     figures = {"steps": step, "planned_steps": cfg.steps, "first_loss": first_loss,
@@ -279,13 +280,13 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
 
 @torch.no_grad()
 def evaluate(trainer: TowerTrainer, n: int, rng: random.Random, known_share: float = 0.0,
-             batch: int = 64) -> dict[str, float]:
+             zoom: str = "tight", batch: int = 64) -> dict[str, float]:
     """Per-head accuracy on ``n`` fresh pictures."""
     correct: dict[str, float] = {k: 0.0 for k in trainer.heads}
     done = 0
     while done < n:
         k = min(batch, n - done)
-        _, accuracy = trainer.loss(draw_pictures(k, rng, known_share))
+        _, accuracy = trainer.loss(draw_pictures(k, rng, known_share, zoom))
         for key in correct:
             correct[key] += accuracy[key] * k
         done += k

@@ -169,3 +169,34 @@ def test_a_reading_phase_is_picture_drills_of_reading_only(world_dir: Path, tmp_
     drills = [e for batch in seen for e in batch]
     assert all(e.key.endswith("/picture") for e in drills)
     assert {e.kind for e in drills} <= {"visual", "detail"}  # no first-move drills
+
+
+def test_strip_style_trajectories_and_drills_zoom_into_the_whole_width_at_the_gold_rows(
+        world_dir: Path) -> None:
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.setup import new_model, oracle_examples, zoom_styled
+    from ssr_server.world import load_questions
+    from ssr_server.world.build import world_entities
+
+    fmt, library = get_format(), LibraryRegistry().get("default")
+    gold = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"
+            and q.kind == "detail"][:3]
+    styled = zoom_styled(gold, "strip")
+    _, tok = new_model("64x1", world_dir, styled, fmt, library, 0)
+    examples, dropped = asyncio.run(oracle_examples(world_dir, styled, tok, fmt, library, "ssr",
+                                                    progress=False))
+    assert dropped == 0 and len(examples) == len(gold)
+    for q, ex in zip(gold, examples, strict=True):
+        written = json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", tok.decode(list(ex.ids)))[0])
+        assert written == [0, q.moves[0].box[1], 1000, q.moves[0].box[3]]  # the world's gold box is kept
+    d = PictureDrills.of(examples, styled, world_entities(world_dir), tok, fmt, zoom="strip")
+    assert len(d.sources) == len(gold)
+    for source in d.sources:
+        drill = d.drill(source, random.Random(5))
+        x1, y1, x2, y2 = json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", tok.decode(list(drill.ids)))[0])
+        assert (x1, x2) == (0, 1000) and 0 <= y1 < y2 <= 1000
+        crop = _image(drill.images[1])
+        expected = zoom_crop(_image(drill.images[0]), (x1, y1, x2, y2))
+        assert ImageChops.difference(expected, crop).getbbox() is None
+        assert crop.width > 4 * crop.height  # a strip, not the square-ish tight crop

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,24 @@ def test_a_phrase_in_external_text_is_neutralised(tokenizers: tuple[Any, Any]) -
     escaped = Escaper.for_tokenizer(tok, {})(f"a web page quoting: {phrase}")
     assert phrase not in escaped
     assert len(tok.encode(escaped, add_special_tokens=False)) > 3
+
+
+def test_zoom_styled_rewrites_only_zoom_boxes_and_keys_the_example_cache(world_dir: Path) -> None:
+    from ssr_server.train.setup import _cache_path, zoom_styled
+
+    qs = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"][:60]
+    before = copy.deepcopy(qs)
+    strip = zoom_styled(qs, "strip")
+    assert qs == before  # the world's gold boxes are not touched
+    assert zoom_styled(qs, "tight") == qs
+    for before, after in zip(qs, strip, strict=True):
+        for m0, m1 in zip(before.moves, after.moves, strict=True):
+            expected = [0, m0.box[1], 1000, m0.box[3]] if m0.action == "zoom" else m0.box
+            assert m1.box == expected and (m1.move, m1.action, m1.label) == (m0.move, m0.action, m0.label)
+    assert any(m.action == "zoom" for q in qs for m in q.moves)
+    with pytest.raises(ValueError, match="zoom style"):
+        zoom_styled(qs, "wide")
+    fmt, library = get_format(), LibraryRegistry().get("default")
+    _, tok = new_model("64x1", world_dir, qs, fmt, library, seed=0)
+    paths = {_cache_path(world_dir, x, tok, fmt, library, "ssr", (0,), False) for x in (qs, strip)}
+    assert len(paths) == 2  # a strip run never reads the tight run's trajectories

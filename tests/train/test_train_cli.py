@@ -52,3 +52,25 @@ def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Pat
     assert (seen[1].tau, seen[1].temperature) == (1.0, 1.0)  # the defaults
     result = CliRunner().invoke(app, [*base, "--tau", "0"])
     assert result.exit_code == 2 and "--tau" in result.output and len(seen) == 2
+
+
+def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ssr_server.train import sft, vision
+
+    seen: list[Any] = []
+    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
+    monkeypatch.setattr(vision, "train_vision", lambda cfg: seen.append(cfg) or {})
+    monkeypatch.setattr("ssr_server.cli._report_training", lambda figures, out: None)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    sft_args = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
+    vision_args = ["train", "vision", "--init", str(tmp_path / "m"), "--out", str(tmp_path / "o")]
+    for args in (sft_args, vision_args):
+        result = CliRunner().invoke(app, [*args, "--zoom", "strip"])
+        assert result.exit_code == 0, result.output
+        assert seen.pop().zoom == "strip"
+        CliRunner().invoke(app, args)
+        assert seen.pop().zoom == "tight"
+        result = CliRunner().invoke(app, [*args, "--zoom", "wide"])
+        assert result.exit_code == 2 and "--zoom" in result.output and not seen

@@ -43,6 +43,15 @@ def test_pictures_are_question_views_and_zoom_crops_with_labels_in_range() -> No
     assert all(a.tobytes() == b.tobytes() for a, b in zip(pics.views, again.views, strict=True))
 
 
+def test_strip_style_pictures_are_the_same_views_with_whole_width_crops() -> None:
+    tight = draw_pictures(6, random.Random(4))
+    strip = draw_pictures(6, random.Random(4), zoom="strip")
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(tight.views, strip.views, strict=True))
+    assert all(torch.equal(tight.labels[k], strip.labels[k]) for k in tight.labels)  # the plaque's places
+    assert all(c.width > 4 * c.height for c in strip.crops)
+    assert all(c.width < 2 * c.height for c in tight.crops)
+
+
 def test_a_known_share_draws_well_known_looks_labelled_by_entity() -> None:
     plain = draw_pictures(16, random.Random(3))
     assert plain.labels["known"].tolist() == [0] * 16  # "unknown"

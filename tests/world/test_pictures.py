@@ -18,7 +18,7 @@ from ssr_server.world.closed_sets import CHARS, COLOURS, SHAPES
 from ssr_server.world.entities import Look
 from ssr_server.world.picture import PICTURE_SIZE, draw_canvas
 from ssr_server.world.scene import MARGIN, H, Sign, W
-from ssr_server.world.views import MAX_CROP, make_view, zoom_box
+from ssr_server.world.views import MAX_CROP, make_view, styled_box, zoom_box
 
 
 def _looks(motif: str, n: int = 12) -> list[Look]:
@@ -81,3 +81,10 @@ def test_zoomed_crops_of_detail_questions_show_the_plaque(world_root: Path,
         h, w = grey.shape
         centre = grey[h // 4: 3 * h // 4, w // 4: 3 * w // 4]
         assert np.median(centre) > 170 and centre.min() < 90, q.id
+
+
+def test_a_strip_keeps_the_gold_boxs_rows_and_spans_the_width() -> None:
+    assert styled_box([412, 705, 537, 868], "strip") == (0, 705, 1000, 868)
+    assert styled_box([412, 705, 537, 868], "tight") == (412, 705, 537, 868)
+    with pytest.raises(ValueError, match="zoom style 'wide'"):
+        styled_box([412, 705, 537, 868], "wide")
