@@ -626,6 +626,10 @@ def train_vision_command(
         min=4096, help="resize every picture to about this many pixels, and the model keeps it (default: as "
                        "--init does); 143360 = 448x320, four times the tokens of the world's pictures")
     ] = None,
+    max_pixels: Annotated[int | None, typer.Option(
+        min=4096, help="only the most pixels a picture keeps, and the model keeps it: the question images "
+                       "(35,840 px) stay as they are, a wider zoom crop (a strip: 1024x123) gets more tokens")
+    ] = None,
     zoom: Annotated[str, typer.Option(help="the plaque head reads the crop at the zoom box of this style: "
                                            "tight (the gold box) or strip (its rows, the whole width)")]
         = "tight",
@@ -641,7 +645,8 @@ def train_vision_command(
     figures = train_vision(VisionConfig(init=init, out=out, steps=steps, batch_size=batch_size, lr=lr,
                                         reinit=reinit, seed=seed, max_minutes=max_minutes, threads=threads,
                                         heads=chosen, known_share=known_share, anchor=anchor,
-                                        image_pixels=image_pixels, zoom=_zoom_style(zoom)))
+                                        image_pixels=image_pixels, max_pixels=max_pixels,
+                                        zoom=_zoom_style(zoom)))
     _report_training(figures, out)
 
 

@@ -80,6 +80,7 @@ class VisionConfig:
     known_share: float = 0.25  # with a "known" head: pictures that show a well-known entity
     anchor: float = 0.0  # weight of the tokens' drift from the initial tower's (keeps what SFT taught)
     image_pixels: int | None = None  # resize every picture to about this many pixels (None: as --init does)
+    max_pixels: int | None = None  # only the most pixels a picture keeps (None: as image_pixels or --init)
     zoom: str = "tight"  # the plaque head reads the zoom tool's crop at the box of this style (views.py)
 
 
@@ -226,6 +227,8 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
         raise ValueError(f"unknown heads {sorted(unknown)}; known: {[*LABELS, *EXTRA]}")
     model, tok = load_model(cfg.init)
     pixels = (cfg.image_pixels, cfg.image_pixels) if cfg.image_pixels else read_pixels(cfg.init)
+    if cfg.max_pixels:  # pictures under the cap (the question images) keep their size; wider crops grow
+        pixels = (pixels[0], cfg.max_pixels)
     cfg.out.mkdir(parents=True, exist_ok=True)
     write_processor_config(cfg.out, pixels)  # trained at the size the result will see pictures at
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")

@@ -159,6 +159,23 @@ def test_image_pixels_trains_at_that_size_and_the_model_keeps_it(tiny_model_dir:
     assert int(grid["image_grid_thw"].prod()) == 4 * PICTURE_SIZE[0] * PICTURE_SIZE[1] // 16 ** 2
 
 
+def test_max_pixels_keeps_question_pictures_and_gives_a_strip_crop_more_tokens(tiny_model_dir: Path,
+                                                                              tmp_path: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    out = tmp_path / "v"
+    train_vision(VisionConfig(init=tiny_model_dir, out=out, steps=1, batch_size=2, threads=1, eval_pictures=2,
+                              max_pixels=2 * 65536, zoom="strip"), progress=False)
+    assert read_pixels(out) == (read_pixels(tiny_model_dir)[0], 2 * 65536)
+    pics = draw_pictures(1, random.Random(1), zoom="strip")
+    before = AutoImageProcessor.from_pretrained(tiny_model_dir, backend="pil")
+    after = AutoImageProcessor.from_pretrained(out, backend="pil")
+    for image, grows in ((pics.views[0], False), (pics.crops[0], True)):
+        old, new = (int(proc(images=[image], return_tensors="pt")["image_grid_thw"].prod())
+                    for proc in (before, after))
+        assert (new > old) == grows and new >= old
+
+
 def test_the_anchor_measures_drift_from_the_initial_tower(tiny_model_dir: Path) -> None:
     from transformers import AutoImageProcessor
 
