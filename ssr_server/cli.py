@@ -576,7 +576,8 @@ def train_sft_command(
                                                      "vision` taught it); train the language model "
                                                      "only")] = False,
     zoom: Annotated[str, typer.Option(help="the zoom box of detail trajectories and drills: tight (the gold "
-                                           "box) or strip (its rows, the whole width)")] = "tight",
+                                           "box), strip (its rows, the whole width) or wide (3x its "
+                                           "width)")] = "tight",
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -631,7 +632,8 @@ def train_vision_command(
                        "(35,840 px) stay as they are, a wider zoom crop (a strip: 1024x123) gets more tokens")
     ] = None,
     zoom: Annotated[str, typer.Option(help="the plaque head reads the crop at the zoom box of this style: "
-                                           "tight (the gold box) or strip (its rows, the whole width)")]
+                                           "tight (the gold box), strip (its rows, the whole width) or "
+                                           "wide (3x its width)")]
         = "tight",
 ) -> None:
     """Train the vision tower on freshly drawn pictures (heads on what questions read, not kept)."""
@@ -659,6 +661,8 @@ def train_probe_command(
     seed: Annotated[int, typer.Option()] = 12345,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
     json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+    zoom: Annotated[str, typer.Option(help="the zoom style detail drills use: tight, strip or wide (as the "
+                                           "model was trained: `train sft --zoom`)")] = "tight",
 ) -> None:
     """Does the model read its pictures? Teacher-forced answers on fresh pictures vs another drill's."""
     from ssr_server.engine.factory import resolve_model
@@ -670,7 +674,7 @@ def train_probe_command(
         raise typer.BadParameter(f"{world} is not a built world (no questions.jsonl)")
     try:
         result = run_probe(ProbeConfig(world=world, model=resolve_model(_settings(model=model)), split=split,
-                                       drills=drills, seed=seed, threads=threads))
+                                       drills=drills, seed=seed, threads=threads, zoom=_zoom_style(zoom)))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     if json_path:

@@ -32,6 +32,7 @@ class ProbeConfig:
     batch_size: int = 16
     seed: int = 12345
     threads: int | None = None
+    zoom: str = "tight"  # the zoom box detail drills write and crop at (the style the model was trained in)
 
 
 def _exact(model: Any, collate: Any, batch: list[Any]) -> tuple[list[bool], float]:
@@ -54,7 +55,7 @@ def run_probe(cfg: ProbeConfig) -> dict[str, Any]:
     from ssr_server.library import LibraryRegistry
     from ssr_server.train.data import Collator, Example
     from ssr_server.train.picture_drills import PictureDrills
-    from ssr_server.train.setup import load_model, oracle_examples, split_questions
+    from ssr_server.train.setup import load_model, oracle_examples, split_questions, zoom_styled
     from ssr_server.world.build import world_entities
     from ssr_server.world.records import load_questions
 
@@ -63,13 +64,14 @@ def run_probe(cfg: ProbeConfig) -> dict[str, Any]:
     fmt = get_format()
     model, tok = load_model(cfg.model)
     model.eval()
-    questions = [q for q in split_questions(load_questions(cfg.world / "questions.jsonl"), cfg.split, None,
-                                            cfg.seed) if q.kind in KINDS][: cfg.questions]
+    split = split_questions(load_questions(cfg.world / "questions.jsonl"), cfg.split, None, cfg.seed)
+    questions = zoom_styled([q for q in split if q.kind in KINDS][: cfg.questions], cfg.zoom)
     if not questions:
         raise ValueError(f"no visual or detail question in split {cfg.split!r} of {cfg.world}")
     library = LibraryRegistry().get("default")
     examples, _ = asyncio.run(oracle_examples(cfg.world, questions, tok, fmt, library, "ssr", progress=False))
-    drills = PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt, moves=False)
+    drills = PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt, moves=False,
+                              zoom=cfg.zoom)
     if not drills.sources:
         raise ValueError("no reading drill could be made from the split's trajectories")
     drawn = drills.draw(cfg.drills, random.Random(cfg.seed))

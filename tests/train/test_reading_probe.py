@@ -36,6 +36,18 @@ def test_probe_reads_each_kind_with_own_and_rotated_pictures(world_dir: Path, tr
     assert "rotated" in text and all(kind in text for kind in r["kinds"])
 
 
+def test_probe_in_the_strip_style_drills_detail_with_strips(world_dir: Path, trained: Path) -> None:
+    from ssr_server.train.reading_probe import ProbeConfig, run_probe
+
+    rows = [run_probe(ProbeConfig(world=world_dir, model=str(trained), split="train", drills=12, batch_size=6,
+                                  threads=1, zoom=zoom))["kinds"] for zoom in ("tight", "strip")]
+    assert all("detail" in r for r in rows)
+    # the same drills but for the box and crop: a detail drill's loss changes, a visual one's does not
+    assert rows[0]["detail"]["own"]["cross_entropy"] != rows[1]["detail"]["own"]["cross_entropy"]
+    if "visual" in rows[0]:
+        assert rows[0]["visual"]["own"] == rows[1]["visual"]["own"]
+
+
 def test_probe_command_refuses_what_is_not_a_world(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["train", "probe", "--world", str(tmp_path)])
     assert result.exit_code == 2 and "not a built world" in result.output

@@ -69,7 +69,7 @@ def test_zoom_styled_rewrites_only_zoom_boxes_and_keys_the_example_cache(world_d
             assert m1.box == expected and (m1.move, m1.action, m1.label) == (m0.move, m0.action, m0.label)
     assert any(m.action == "zoom" for q in qs for m in q.moves)
     with pytest.raises(ValueError, match="zoom style"):
-        zoom_styled(qs, "wide")
+        zoom_styled(qs, "huge")
     fmt, library = get_format(), LibraryRegistry().get("default")
     _, tok = new_model("64x1", world_dir, qs, fmt, library, seed=0)
     paths = {_cache_path(world_dir, x, tok, fmt, library, "ssr", (0,), False) for x in (qs, strip)}

@@ -75,5 +75,5 @@ def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
         if args is vision_args:
             CliRunner().invoke(app, [*args, "--max-pixels", "131072"])
             assert seen.pop().max_pixels == 131072
-        result = CliRunner().invoke(app, [*args, "--zoom", "wide"])
+        result = CliRunner().invoke(app, [*args, "--zoom", "huge"])
         assert result.exit_code == 2 and "--zoom" in result.output and not seen

@@ -83,8 +83,11 @@ def test_zoomed_crops_of_detail_questions_show_the_plaque(world_root: Path,
         assert np.median(centre) > 170 and centre.min() < 90, q.id
 
 
-def test_a_strip_keeps_the_gold_boxs_rows_and_spans_the_width() -> None:
+def test_strip_and_wide_keep_the_gold_boxs_rows_and_widen_it() -> None:
     assert styled_box([412, 705, 537, 868], "strip") == (0, 705, 1000, 868)
     assert styled_box([412, 705, 537, 868], "tight") == (412, 705, 537, 868)
-    with pytest.raises(ValueError, match="zoom style 'wide'"):
-        styled_box([412, 705, 537, 868], "wide")
+    assert styled_box([412, 705, 537, 868], "wide") == (287, 705, 662, 868)  # 3x as wide, same centre
+    assert styled_box([10, 705, 135, 868], "wide") == (0, 705, 375, 868)  # shifted inside the picture
+    assert styled_box([900, 705, 1000, 868], "wide") == (700, 705, 1000, 868)
+    with pytest.raises(ValueError, match="zoom style 'huge'"):
+        styled_box([412, 705, 537, 868], "huge")
