@@ -516,11 +516,12 @@ def _int_pair(text: str, option: str) -> tuple[int, int]:
 
 
 def _zoom_style(text: str) -> str:
-    from ssr_server.world.views import ZOOM_STYLES
+    from ssr_server.world.views import check_zoom_style
 
-    if text not in ZOOM_STYLES:
-        raise typer.BadParameter(f"--zoom takes {' or '.join(ZOOM_STYLES)}")
-    return text
+    try:
+        return check_zoom_style(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"--zoom: {exc}") from None
 
 
 def _report_training(figures: dict[str, Any], out: Path) -> None:

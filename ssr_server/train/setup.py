@@ -32,7 +32,7 @@ from ssr_server.library import Library
 from ssr_server.progress import progress_bar
 from ssr_server.train.data import Example, make_example
 from ssr_server.world.records import Question
-from ssr_server.world.views import ZOOM_STYLES, styled_box
+from ssr_server.world.views import check_zoom_style, styled_box
 
 
 def world_texts(world: Path, questions: Sequence[Question], fmt: PromptFormat,
@@ -165,8 +165,7 @@ async def _replay(world: Path, questions: Sequence[Question], tokenizer: Any, fm
 def zoom_styled(questions: Sequence[Question], style: str) -> list[Question]:
     """``questions`` with every zoom move's box in the zoom ``style`` (``views.styled_box``): what the
     oracle trajectories and picture drills then write. The world's gold boxes stay as built."""
-    if style not in ZOOM_STYLES:
-        raise ValueError(f"zoom style {style!r} is not one of {', '.join(ZOOM_STYLES)}")
+    check_zoom_style(style)  # also where no question zooms
     return [replace(q, moves=[replace(m, box=list(styled_box(m.box, style))) if m.action == "zoom" else m
                               for m in q.moves]) if any(m.action == "zoom" for m in q.moves) else q
             for q in questions]

@@ -90,6 +90,13 @@ ZOOM_STYLES = ("tight", "strip", "wide")
 WIDE = 3  # a "wide" box is this many times the gold box's width
 
 
+def check_zoom_style(style: str) -> str:
+    """``style`` if it is one of ``ZOOM_STYLES``; ValueError otherwise."""
+    if style not in ZOOM_STYLES:
+        raise ValueError(f"zoom style {style!r} is not one of {', '.join(ZOOM_STYLES)}")
+    return style
+
+
 def styled_box(box: Sequence[int], style: str) -> tuple[int, int, int, int]:
     """The zoom box a trajectory writes for the gold ``box`` in a zoom ``style``.
 
@@ -99,8 +106,7 @@ def styled_box(box: Sequence[int], style: str) -> tuple[int, int, int, int]:
     stands, at about half the tight crop's magnification (the zoom tool caps the crop's long side);
     "wide" keeps the rows and the centre and is ``WIDE`` times as wide (shifted to stay inside the
     picture), a middle way: it forgives a centre off by the gold width, at a third of the magnification."""
-    if style not in ZOOM_STYLES:
-        raise ValueError(f"zoom style {style!r} is not one of {', '.join(ZOOM_STYLES)}")
+    check_zoom_style(style)
     x1, y1, x2, y2 = (int(v) for v in box)
     if style == "strip":
         return 0, y1, 1000, y2
