@@ -624,6 +624,9 @@ def train_vision_command(
         = 0.25,
     anchor: Annotated[float, typer.Option(min=0.0, help="weight of the tokens' drift from the initial "
                                                         "tower's (0: free)")] = 0.0,
+    anchor_crops: Annotated[float | None, typer.Option(
+        min=0.0, help="the same for the zoom crops' tokens (default: as --anchor; 0 frees a crop style the "
+                      "language model has not read yet while the question pictures stay anchored)")] = None,
     image_pixels: Annotated[int | None, typer.Option(
         min=4096, help="resize every picture to about this many pixels, and the model keeps it (default: as "
                        "--init does); 143360 = 448x320, four times the tokens of the world's pictures")
@@ -648,6 +651,7 @@ def train_vision_command(
     figures = train_vision(VisionConfig(init=init, out=out, steps=steps, batch_size=batch_size, lr=lr,
                                         reinit=reinit, seed=seed, max_minutes=max_minutes, threads=threads,
                                         heads=chosen, known_share=known_share, anchor=anchor,
+                                        anchor_crops=anchor_crops,
                                         image_pixels=image_pixels, max_pixels=max_pixels,
                                         zoom=_zoom_style(zoom)))
     _report_training(figures, out)

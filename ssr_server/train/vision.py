@@ -79,6 +79,7 @@ class VisionConfig:
     heads: tuple[str, ...] = tuple(LABELS)  # of LABELS and EXTRA
     known_share: float = 0.25  # with a "known" head: pictures that show a well-known entity
     anchor: float = 0.0  # weight of the tokens' drift from the initial tower's (keeps what SFT taught)
+    anchor_crops: float | None = None  # the same for the zoom crops' tokens (None: as ``anchor``)
     image_pixels: int | None = None  # resize every picture to about this many pixels (None: as --init does)
     max_pixels: int | None = None  # only the most pixels a picture keeps (None: as image_pixels or --init)
     zoom: str = "tight"  # the plaque head reads the zoom tool's crop at the box of this style (views.py)
@@ -141,12 +142,16 @@ class TowerTrainer:
     """The tower and its heads; ``loss`` of a batch of pictures and per-head accuracies."""
 
     def __init__(self, model: Any, processor: Any, heads: Sequence[str] = tuple(LABELS),
-                 anchor: float = 0.0) -> None:
+                 anchor: float = 0.0, anchor_crops: float | None = None) -> None:
         self.tower = model.model.visual
         self.processor = processor
         self.anchor = anchor
+        # ``anchor_crops`` weighs the crops' drift apart from the views': a crop style the language model
+        # has never read has nothing worth keeping, while the views' tokens carry every move SFT taught
+        self.anchor_crops = anchor_crops
         # a frozen copy: its tokens are what the language model has learnt to read
-        self.frozen = copy.deepcopy(self.tower).eval().requires_grad_(False) if anchor > 0 else None
+        self.frozen = (copy.deepcopy(self.tower).eval().requires_grad_(False)
+                       if max(anchor, anchor_crops or 0.0) > 0 else None)
         dim = int(self.tower.merger.linear_fc2.out_features)
         classes = {**LABELS, **EXTRA}
         self.heads = torch.nn.ModuleDict({k: PoolHead(dim, len(classes[k]), mean=k == "count_mean")
@@ -181,9 +186,16 @@ class TowerTrainer:
             total = total + torch.nn.functional.cross_entropy(logits, target)
             accuracy[key] = float((logits.argmax(-1) == target).float().mean())
         if self.frozen is not None:
-            drift = self.drift(batches, (views, crops))
-            total = total + self.anchor * drift
-            accuracy["drift"] = float(drift.detach())
+            if self.anchor_crops is None:  # one drift over both streams
+                drift = self.drift(batches, (views, crops))
+                total = total + self.anchor * drift
+                accuracy["drift"] = float(drift.detach())
+            else:
+                for name, weight, batch, now in (("drift", self.anchor, batches[0], views),
+                                                 ("drift_crops", self.anchor_crops, batches[1], crops)):
+                    drift = self.drift((batch,), (now,))
+                    total = total + weight * drift
+                    accuracy[name] = float(drift.detach())
         return total, accuracy
 
     def drift(self, batches: Sequence[Any], now: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
@@ -232,7 +244,7 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     write_processor_config(cfg.out, pixels)  # trained at the size the result will see pictures at
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
-    trainer = TowerTrainer(model, processor, cfg.heads, cfg.anchor)
+    trainer = TowerTrainer(model, processor, cfg.heads, cfg.anchor, cfg.anchor_crops)
     share = cfg.known_share if "known" in cfg.heads else 0.0
     if cfg.reinit:
         reinit_tower(trainer.tower, torch.Generator().manual_seed(cfg.seed))

@@ -195,6 +195,27 @@ def test_the_anchor_measures_drift_from_the_initial_tower(tiny_model_dir: Path) 
     assert trainer.frozen is not None and not any(p.requires_grad for p in trainer.frozen.parameters())
 
 
+def test_crops_can_be_anchored_apart_from_the_views(tiny_model_dir: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    from ssr_server.train.setup import load_model
+
+    model, _ = load_model(tiny_model_dir)
+    processor = AutoImageProcessor.from_pretrained(tiny_model_dir, backend="pil")
+    pics = draw_pictures(4, random.Random(3))
+    free = TowerTrainer(model, processor, ("colour",), anchor=2.0, anchor_crops=0.0)
+    with torch.no_grad():
+        for p in free.tower.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    loss, accuracy = free.loss(pics)
+    assert accuracy["drift"] > 0.0 and accuracy["drift_crops"] > 0.0  # both measured...
+    both = TowerTrainer(model, processor, ("colour",), anchor=2.0, anchor_crops=3.0)
+    both.frozen, both.heads = free.frozen, free.heads  # the same start and head: only the weights differ
+    loss_both, _ = both.loss(pics)
+    # ...but only the views' drift weighs on the loss unless the crops get a weight of their own
+    assert float(loss_both - loss) == pytest.approx(3.0 * accuracy["drift_crops"], rel=1e-4)
+
+
 def test_unknown_heads_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown heads"):
         train_vision(VisionConfig(init=tiny_model_dir, out=tmp_path / "w", steps=1, heads=("size",)),
