@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-from ssr_server.errors import ActionParseError
+from ssr_server.errors import ActionParseError, ToolError
 from ssr_server.limits import BOX_SCALE, MAX_LABEL_CHARS, MAX_QUERY_CHARS
 from ssr_server.tools.base import ToolCall
+from ssr_server.tools.zoom import validate_box
 
 ActionName = Literal["image_search", "text_search", "zoom", "answer"]
 MetaAction = Literal["tool", "any"]
@@ -82,16 +83,10 @@ class ActionSpec:
 
 
 def _box(value: Any) -> tuple[int, int, int, int]:
-    if not isinstance(value, list | tuple) or len(value) != 4:
-        raise ActionParseError("bbox_2d must be [x1, y1, x2, y2]")
-    if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) for v in value):
-        raise ActionParseError("bbox_2d must hold four numbers")
-    x1, y1, x2, y2 = (round(v) for v in value)
-    if min(x1, y1, x2, y2) < 0 or max(x1, y1, x2, y2) > BOX_SCALE:
-        raise ActionParseError(f"bbox_2d coordinates must lie in 0-{BOX_SCALE}")
-    if x1 >= x2 or y1 >= y2:
-        raise ActionParseError(f"bbox_2d [{x1}, {y1}, {x2}, {y2}] needs x1 < x2 and y1 < y2")
-    return x1, y1, x2, y2
+    try:  # the zoom tool's own check, minus its least side (the tool refuses slivers when it runs)
+        return validate_box(value, min_side=0)
+    except ToolError as e:
+        raise ActionParseError(f"bbox_2d: {e}") from None
 
 
 def _label(value: Any) -> str:

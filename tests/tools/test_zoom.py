@@ -68,6 +68,8 @@ async def test_zoom_caps_long_side_and_downscales_big_images() -> None:
         ((100, 100, 110, 500), "too small"),
         (("a", 0, 100, 100), "numbers"),
         ((True, 0, 100, 100), "numbers"),
+        ((float("nan"), 0, 100, 100), "finite"),  # JSON parsers let NaN and Infinity through
+        ((0, 0, float("inf"), 100), "finite"),
     ],
 )
 async def test_bad_boxes_raise_tool_errors(box: Any, message: str) -> None:
