@@ -213,7 +213,7 @@ def test_crops_can_be_anchored_apart_from_the_views(tiny_model_dir: Path) -> Non
     both.frozen, both.heads = free.frozen, free.heads  # the same start and head: only the weights differ
     loss_both, _ = both.loss(pics)
     # ...but only the views' drift weighs on the loss unless the crops get a weight of their own
-    assert float(loss_both - loss) == pytest.approx(3.0 * accuracy["drift_crops"], rel=1e-4)
+    assert float((loss_both - loss).detach()) == pytest.approx(3.0 * accuracy["drift_crops"], rel=1e-4)
 
 
 def test_unknown_heads_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
