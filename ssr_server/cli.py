@@ -515,6 +515,11 @@ def _int_pair(text: str, option: str) -> tuple[int, int]:
     return a, b
 
 
+def _jitter_help(what: str) -> str:
+    return (f"{what} move sideways by a random amount up to this many gold-box widths (0: centred), "
+            "as a model's imprecise zoom box makes them")
+
+
 def _zoom_style(text: str) -> str:
     from ssr_server.world.views import check_zoom_style
 
@@ -579,6 +584,8 @@ def train_sft_command(
     zoom: Annotated[str, typer.Option(help="the zoom box of detail trajectories and drills: tight (the gold "
                                            "box), strip (its rows, the whole width) or wide (3x its "
                                            "width)")] = "tight",
+    zoom_jitter: Annotated[float, typer.Option(min=0.0, max=3.0,
+                                               help=_jitter_help("picture drills' crops"))] = 0.0,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -600,7 +607,7 @@ def train_sft_command(
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
                                   picture_moves=picture_moves, freeze_vision=freeze_vision,
-                                  zoom=_zoom_style(zoom)))
+                                  zoom=_zoom_style(zoom), zoom_jitter=zoom_jitter))
     _report_training(figures, out)
 
 
@@ -639,6 +646,7 @@ def train_vision_command(
                                            "tight (the gold box), strip (its rows, the whole width) or "
                                            "wide (3x its width)")]
         = "tight",
+    zoom_jitter: Annotated[float, typer.Option(min=0.0, max=3.0, help=_jitter_help("the crops"))] = 0.0,
 ) -> None:
     """Train the vision tower on freshly drawn pictures (heads on what questions read, not kept)."""
     from ssr_server.train.vision import EXTRA, LABELS, VisionConfig, train_vision
@@ -653,7 +661,7 @@ def train_vision_command(
                                         heads=chosen, known_share=known_share, anchor=anchor,
                                         anchor_crops=anchor_crops,
                                         image_pixels=image_pixels, max_pixels=max_pixels,
-                                        zoom=_zoom_style(zoom)))
+                                        zoom=_zoom_style(zoom), zoom_jitter=zoom_jitter))
     _report_training(figures, out)
 
 

@@ -35,7 +35,7 @@ from ssr_server.world.entities import Entity, Look, draw_look
 from ssr_server.world.picture import draw_canvas, index_picture
 from ssr_server.world.records import Question
 from ssr_server.world.scene import Sign
-from ssr_server.world.views import make_view, styled_box, zoom_box
+from ssr_server.world.views import make_view, shift_box, styled_box, zoom_box
 
 ASPECTS = ("colour", "count", "shape", "char", "plaque")  # what a visual or detail question reads
 KNOWN, UNKNOWN = "known", "unknown"  # move drills: the same well-known entity / a never-seen look
@@ -102,11 +102,15 @@ def _first_move(ex: Example, e: Entity, image_pad: int) -> PictureSource | None:
                          e.look if e.knowledge else None)
 
 
-def question_picture(look: Look, rng: random.Random, zoom: str = "tight") -> tuple[
+def question_picture(look: Look, rng: random.Random, zoom: str = "tight", jitter: float = 0.0) -> tuple[
         Image.Image, tuple[int, int, int, int], Image.Image] | None:
     """A question image of ``look`` as the world draws one (a perturbed view of its picture), the gold zoom
     box around its plaque and the zoom tool's crop at that box in the ``zoom`` style
-    (``views.styled_box``); None when the plaque fell outside the view."""
+    (``views.styled_box``); None when the plaque fell outside the view.
+
+    ``jitter`` moves the crop (not the box returned) sideways by up to that many gold-box widths: a trained
+    model's box is off the plaque's centre by about one gold width (R19: a median ~150 per mille), so its
+    crops show the plaque near an edge, often cut, while crops drawn at the styled box show it centred."""
     canvas = draw_canvas(look)
     view = make_view(index_picture(canvas), rng.getrandbits(63))
     try:
@@ -115,7 +119,10 @@ def question_picture(look: Look, rng: random.Random, zoom: str = "tight") -> tup
         return None
     with Image.open(io.BytesIO(view.jpeg)) as decoded:  # the pixels a question image has
         picture = decoded.convert("RGB")
-    return picture, box, zoom_crop(picture, styled_box(box, zoom))
+    crop_box = styled_box(box, zoom)
+    if jitter > 0:  # no draw at 0: old commands see old pictures
+        crop_box = shift_box(crop_box, rng.uniform(-jitter, jitter) * (box[2] - box[0]))
+    return picture, box, zoom_crop(picture, crop_box)
 
 
 class PictureDrills:
@@ -123,11 +130,12 @@ class PictureDrills:
     drawing of drills."""
 
     def __init__(self, sources: Sequence[PictureSource], tok: Any, fmt: PromptFormat,
-                 zoom: str = "tight") -> None:
+                 zoom: str = "tight", zoom_jitter: float = 0.0) -> None:
         self.sources = list(sources)
         self.tok = tok
         self.fmt = fmt
         self.zoom = zoom  # the zoom style of the sources' boxes, which drills keep
+        self.zoom_jitter = zoom_jitter  # drills' crops move sideways (question_picture): off-centre reading
 
     def _enc(self, text: str) -> tuple[int, ...]:
         return tuple(self.tok.encode(text, add_special_tokens=False))
@@ -137,14 +145,15 @@ class PictureDrills:
 
     @classmethod
     def of(cls, examples: Sequence[Example], questions: Sequence[Question], entities: Sequence[Entity],
-           tok: Any, fmt: PromptFormat, *, moves: bool = True, zoom: str = "tight") -> PictureDrills:
+           tok: Any, fmt: PromptFormat, *, moves: bool = True, zoom: str = "tight",
+           zoom_jitter: float = 0.0) -> PictureDrills:
         """The sources among ``examples``: visual and detail trajectories (one image, or the question's
         and the zoomed crop) in which the answer and, for detail, the zoom box occur exactly once; with
         ``moves``, the first turns of search, two-hop and knowledge trajectories too. ``questions``' zoom
         boxes are in the ``zoom`` style (``setup.zoom_styled``), as the examples' are."""
         by_id = {q.id: q for q in questions}
         by_entity = {e.id: e for e in entities}
-        drills = cls([], tok, fmt, zoom)
+        drills = cls([], tok, fmt, zoom, zoom_jitter)
         image_pad = int(tok.convert_tokens_to_ids("<|image_pad|>"))
         for ex in examples:
             q = by_id.get(ex.key.split("/", 1)[0])
@@ -181,7 +190,7 @@ class PictureDrills:
             look = source.look
             if look is None:
                 look = new_look(rng, source.motif, source.aspect, source.char_kind)
-            drawn = question_picture(look, rng, self.zoom)
+            drawn = question_picture(look, rng, self.zoom, self.zoom_jitter)
             if drawn is not None:
                 break
         else:

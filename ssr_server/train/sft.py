@@ -82,6 +82,7 @@ class SFTConfig:
     freeze_vision: bool = False  # the vision tower (and its deepstack mergers) stays as loaded: what
     # `train vision` taught it (e.g. where the plaque is) cannot drift away under the answers' gradients
     zoom: str = "tight"  # the zoom box detail trajectories and drills write (views.styled_box)
+    zoom_jitter: float = 0.0  # picture drills' crops move sideways by up to this many gold widths
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -161,7 +162,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     copy_steps = sum(b == COPY for b in order[: cfg.steps])
     picture_steps = sum(b == PICTURES for b in order[: cfg.steps])
     pictures = (PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt,
-                                 moves=cfg.picture_moves, zoom=cfg.zoom) if cfg.pictures_every else None)
+                                 moves=cfg.picture_moves, zoom=cfg.zoom, zoom_jitter=cfg.zoom_jitter)
+                if cfg.pictures_every else None)
     if pictures is not None and not pictures.sources:
         raise ValueError("--pictures-every: no visual or detail trajectory to draw pictures for")
     log_path = cfg.out / "train_log.jsonl"

@@ -83,6 +83,7 @@ class VisionConfig:
     image_pixels: int | None = None  # resize every picture to about this many pixels (None: as --init does)
     max_pixels: int | None = None  # only the most pixels a picture keeps (None: as image_pixels or --init)
     zoom: str = "tight"  # the plaque head reads the zoom tool's crop at the box of this style (views.py)
+    zoom_jitter: float = 0.0  # the crops move sideways by up to this many gold widths (question_picture)
 
 
 @dataclass(frozen=True)
@@ -92,9 +93,11 @@ class Pictures:
     labels: dict[str, torch.Tensor]  # per head: (B,) class indices
 
 
-def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: str = "tight") -> Pictures:
+def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: str = "tight",
+                  jitter: float = 0.0) -> Pictures:
     """``n`` pictures of random looks of random motifs (a ``known_share`` of them the looks of well-known
-    entities), as question views, with their zoom crops in the ``zoom`` style."""
+    entities), as question views, with their zoom crops in the ``zoom`` style (moved sideways by up to
+    ``jitter`` gold widths)."""
     views: list[Image.Image] = []
     crops: list[Image.Image] = []
     labels: dict[str, list[int]] = {k: [] for k in (*LABELS, *EXTRA)}
@@ -104,7 +107,7 @@ def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: st
         if known_share > 0 and rng.random() < known_share:  # no draw at 0: old commands see old pictures
             which = rng.choice(known)
         look = KNOWN_LOOKS[which] if which != "unknown" else draw_look(rng, rng.choice(motifs))
-        drawn = question_picture(look, rng, zoom)
+        drawn = question_picture(look, rng, zoom, jitter)
         if drawn is None:  # the plaque fell outside this view (rare): draw another
             continue
         picture, box, crop = drawn
@@ -261,7 +264,8 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
         while step < cfg.steps and (time.perf_counter() - started) / 60 <= cfg.max_minutes:
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps, 0.1)
-            loss, accuracy = trainer.loss(draw_pictures(cfg.batch_size, rng, share, cfg.zoom))
+            pics = draw_pictures(cfg.batch_size, rng, share, cfg.zoom, cfg.zoom_jitter)
+            loss, accuracy = trainer.loss(pics)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -277,7 +281,8 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
                 log.flush()
     bar.close()
     trainer.tower.eval()
-    held_out = evaluate(trainer, cfg.eval_pictures, random.Random(cfg.seed + 1_000_003), share, cfg.zoom)
+    held_out = evaluate(trainer, cfg.eval_pictures, random.Random(cfg.seed + 1_000_003), share, cfg.zoom,
+                        cfg.zoom_jitter)
     config = {k: str(v) for k, v in asdict(cfg).items()}
     commands = reproduce(Path("."), cfg.init)
     figures = {"steps": step, "planned_steps": cfg.steps, "first_loss": first_loss,
@@ -295,13 +300,13 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
 
 @torch.no_grad()
 def evaluate(trainer: TowerTrainer, n: int, rng: random.Random, known_share: float = 0.0,
-             zoom: str = "tight", batch: int = 64) -> dict[str, float]:
-    """Per-head accuracy on ``n`` fresh pictures."""
+             zoom: str = "tight", jitter: float = 0.0, batch: int = 64) -> dict[str, float]:
+    """Per-head accuracy on ``n`` fresh pictures (crops as in training)."""
     correct: dict[str, float] = {k: 0.0 for k in trainer.heads}
     done = 0
     while done < n:
         k = min(batch, n - done)
-        _, accuracy = trainer.loss(draw_pictures(k, rng, known_share, zoom))
+        _, accuracy = trainer.loss(draw_pictures(k, rng, known_share, zoom, jitter))
         for key in correct:
             correct[key] += accuracy[key] * k
         done += k

@@ -115,3 +115,11 @@ def styled_box(box: Sequence[int], style: str) -> tuple[int, int, int, int]:
         left = min(max(0, (x1 + x2) // 2 - width // 2), 1000 - width)
         return left, y1, left + width, y2
     return x1, y1, x2, y2
+
+
+def shift_box(box: Sequence[int], dx: float) -> tuple[int, int, int, int]:
+    """``box`` moved ``dx`` per mille to the right (left when negative), as far as it stays inside the
+    picture."""
+    x1, y1, x2, y2 = (int(v) for v in box)
+    step = max(-x1, min(round(dx), 1000 - x2))
+    return x1 + step, y1, x2 + step, y2

@@ -200,3 +200,15 @@ def test_strip_style_trajectories_and_drills_zoom_into_the_whole_width_at_the_go
         expected = zoom_crop(_image(drill.images[0]), (x1, y1, x2, y2))
         assert ImageChops.difference(expected, crop).getbbox() is None
         assert crop.width > 4 * crop.height  # a strip, not the square-ish tight crop
+    wide = zoom_styled(gold, "wide")
+    examples, _ = asyncio.run(oracle_examples(world_dir, wide, tok, fmt, library, "ssr", progress=False))
+    d = PictureDrills.of(examples, wide, world_entities(world_dir), tok, fmt, zoom="wide", zoom_jitter=1.0)
+    off = 0
+    for source in d.sources:  # the box written stays centred on the plaque; the crop shown moves
+        drill = d.drill(source, random.Random(7))
+        x1, y1, x2, y2 = json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", tok.decode(list(drill.ids)))[0])
+        crop, view = _image(drill.images[1]), _image(drill.images[0])
+        centred = zoom_crop(view, (x1, y1, x2, y2))
+        assert all(abs(a - b) <= a / 20 for a, b in zip(centred.size, crop.size, strict=True))
+        off += centred.size != crop.size or ImageChops.difference(centred, crop).getbbox() is not None
+    assert off >= 1

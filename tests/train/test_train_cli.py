@@ -71,7 +71,12 @@ def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
         assert result.exit_code == 0, result.output
         assert seen.pop().zoom == "strip"
         CliRunner().invoke(app, args)
-        assert seen.pop().zoom == "tight"
+        default = seen.pop()
+        assert default.zoom == "tight" and default.zoom_jitter == 0.0
+        CliRunner().invoke(app, [*args, "--zoom", "wide", "--zoom-jitter", "1.2"])
+        assert seen.pop().zoom_jitter == 1.2
+        result = CliRunner().invoke(app, [*args, "--zoom-jitter", "-1"])
+        assert result.exit_code == 2 and "--zoom-jitter" in result.output and not seen
         if args is vision_args:
             CliRunner().invoke(app, [*args, "--max-pixels", "131072"])
             assert seen.pop().max_pixels == 131072

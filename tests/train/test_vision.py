@@ -52,6 +52,23 @@ def test_strip_style_pictures_are_the_same_views_with_whole_width_crops() -> Non
     assert all(c.width < 2 * c.height for c in tight.crops)
 
 
+def test_jittered_crops_move_sideways_while_the_views_and_labels_stay() -> None:
+    centred = draw_pictures(8, random.Random(4), zoom="wide")
+    assert draw_pictures(8, random.Random(4), zoom="wide", jitter=0.0).crops[0].tobytes() == \
+        centred.crops[0].tobytes()  # no jitter draws nothing more: old commands see old pictures
+    look = draw_look(random.Random(6), sorted(MOTIFS)[0])
+    moved = 0
+    for seed in range(6):
+        plain, jittered = (question_picture(look, random.Random(seed), "wide", j) for j in (0.0, 1.2))
+        if plain is None or jittered is None:
+            continue
+        assert plain[0].tobytes() == jittered[0].tobytes() and plain[1] == jittered[1]  # view, gold box
+        # the same wide crop, elsewhere (its size up to a pixel's rounding of the box's edges, magnified)
+        assert all(abs(a - b) <= a / 20 for a, b in zip(plain[2].size, jittered[2].size, strict=True))
+        moved += plain[2].tobytes() != jittered[2].tobytes()
+    assert moved >= 3
+
+
 def test_a_known_share_draws_well_known_looks_labelled_by_entity() -> None:
     plain = draw_pictures(16, random.Random(3))
     assert plain.labels["known"].tolist() == [0] * 16  # "unknown"

@@ -18,7 +18,7 @@ from ssr_server.world.closed_sets import CHARS, COLOURS, SHAPES
 from ssr_server.world.entities import Look
 from ssr_server.world.picture import PICTURE_SIZE, draw_canvas
 from ssr_server.world.scene import MARGIN, H, Sign, W
-from ssr_server.world.views import MAX_CROP, make_view, styled_box, zoom_box
+from ssr_server.world.views import MAX_CROP, make_view, shift_box, styled_box, zoom_box
 
 
 def _looks(motif: str, n: int = 12) -> list[Look]:
@@ -91,3 +91,11 @@ def test_strip_and_wide_keep_the_gold_boxs_rows_and_widen_it() -> None:
     assert styled_box([900, 705, 1000, 868], "wide") == (700, 705, 1000, 868)
     with pytest.raises(ValueError, match="zoom style 'huge'"):
         styled_box([412, 705, 537, 868], "huge")
+
+
+def test_a_shifted_box_keeps_its_rows_and_width_and_stays_inside_the_picture() -> None:
+    assert shift_box([287, 705, 662, 868], 120.4) == (407, 705, 782, 868)
+    assert shift_box([287, 705, 662, 868], -99.6) == (187, 705, 562, 868)
+    assert shift_box([287, 705, 662, 868], 500) == (625, 705, 1000, 868)  # stopped at the right edge
+    assert shift_box([287, 705, 662, 868], -500) == (0, 705, 375, 868)
+    assert shift_box([0, 10, 1000, 90], 300) == (0, 10, 1000, 90)  # a strip has nowhere to go
