@@ -586,6 +586,9 @@ def train_sft_command(
                                            "width)")] = "tight",
     zoom_jitter: Annotated[float, typer.Option(min=0.0, max=3.0,
                                                help=_jitter_help("picture drills' crops"))] = 0.0,
+    zoom_sign: Annotated[bool, typer.Option(help="questions about the big sign zoom on it before they answer "
+                                                 "(the tiny tower cannot read it at the question image's "
+                                                 "35 tokens); the world is not changed")] = False,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -607,7 +610,7 @@ def train_sft_command(
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
                                   picture_moves=picture_moves, freeze_vision=freeze_vision,
-                                  zoom=_zoom_style(zoom), zoom_jitter=zoom_jitter))
+                                  zoom=_zoom_style(zoom), zoom_jitter=zoom_jitter, zoom_sign=zoom_sign))
     _report_training(figures, out)
 
 
@@ -624,7 +627,8 @@ def train_vision_command(
     threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
     heads: Annotated[str, typer.Option(help="comma-separated heads: colour, count, sign, plaque, count_mean "
                                             "(count from the tokens' mean), known (well-known entities), "
-                                            "plaque_x, plaque_y (where the plaque is, in tenths)")]
+                                            "plaque_x, plaque_y (where the plaque is, in tenths), "
+                                            "sign_crop (the big sign read from a zoom crop around it)")]
         = "colour,count,sign,plaque",
     known_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="with the known head: share of "
                                                                       "pictures of well-known entities")]

@@ -32,10 +32,10 @@ from ssr_server.train.data import Example, png
 from ssr_server.world.closed_sets import CHARS, SHAPES
 from ssr_server.world.closed_sets import char_kind as _kind
 from ssr_server.world.entities import Entity, Look, draw_look
-from ssr_server.world.picture import draw_canvas, index_picture
+from ssr_server.world.picture import Canvas, draw_canvas, index_picture
 from ssr_server.world.records import Question
 from ssr_server.world.scene import Sign
-from ssr_server.world.views import make_view, shift_box, styled_box, zoom_box
+from ssr_server.world.views import Crop, make_view, shift_box, styled_box, zoom_box
 
 ASPECTS = ("colour", "count", "shape", "char", "plaque")  # what a visual or detail question reads
 KNOWN, UNKNOWN = "known", "unknown"  # move drills: the same well-known entity / a never-seen look
@@ -50,6 +50,7 @@ class PictureSource:
     box: tuple[int, ...] | None  # detail: the zoom call's box numbers' tokens ("496, 735, 621, 897")
     look: Look | None = None  # KNOWN: the well-known entity's look, drawn in a fresh view
     char_kind: str | None = None  # char: "number" or "letter", as the question asks
+    target: str = "plaque"  # what the zoom call (``box``) looks at: a sign question zooms on the sign
 
 
 def _find(ids: Sequence[int], part: Sequence[int]) -> list[int]:
@@ -102,27 +103,49 @@ def _first_move(ex: Example, e: Entity, image_pad: int) -> PictureSource | None:
                          e.look if e.knowledge else None)
 
 
-def question_picture(look: Look, rng: random.Random, zoom: str = "tight", jitter: float = 0.0) -> tuple[
-        Image.Image, tuple[int, int, int, int], Image.Image] | None:
+TARGETS = ("plaque", "sign")  # what a zoom call looks at: the small plaque, or the big sign (--zoom-sign)
+
+
+Box = tuple[int, int, int, int]  # a zoom box, 0-1000
+
+
+def question_picture(look: Look, rng: random.Random, zoom: str = "tight", jitter: float = 0.0,
+                     target: str = "plaque") -> tuple[Image.Image, Box, Image.Image] | None:
     """A question image of ``look`` as the world draws one (a perturbed view of its picture), the gold zoom
-    box around its plaque and the zoom tool's crop at that box in the ``zoom`` style
-    (``views.styled_box``); None when the plaque fell outside the view.
+    box around its plaque (or, with ``target="sign"``, its big sign) and the zoom tool's crop at that box in
+    the ``zoom`` style (``views.styled_box``); None when the target fell outside the view.
 
     ``jitter`` moves the crop (not the box returned) sideways by up to that many gold-box widths: a trained
     model's box is off the plaque's centre by about one gold width (R19: a median ~150 per mille), so its
     crops show the plaque near an edge, often cut, while crops drawn at the styled box show it centred."""
+    picture, crop, canvas = draw_view(look, rng)
+    zoomed = crop_of(picture, crop, canvas, target, rng, zoom, jitter)
+    return None if zoomed is None else (picture, *zoomed)
+
+
+def draw_view(look: Look, rng: random.Random) -> tuple[Image.Image, Crop, Canvas]:
+    """A question image of ``look`` (its pixels as decoded), the canvas region it shows and the canvas."""
     canvas = draw_canvas(look)
     view = make_view(index_picture(canvas), rng.getrandbits(63))
+    with Image.open(io.BytesIO(view.jpeg)) as decoded:
+        return decoded.convert("RGB"), view.crop, canvas
+
+
+def crop_of(picture: Image.Image, crop: Crop, canvas: Canvas, target: str, rng: random.Random,
+            zoom: str = "tight", jitter: float = 0.0) -> tuple[Box, Image.Image] | None:
+    """The gold zoom box around ``target`` in a view (``crop``: the canvas region it shows) and the zoom
+    tool's crop of ``picture`` at it, styled and jittered as ``question_picture`` says; None when the
+    target fell outside the view."""
+    if target not in TARGETS:
+        raise ValueError(f"zoom target {target!r} is not one of {', '.join(TARGETS)}")
     try:
-        box = zoom_box(view.crop, canvas.plaque_box)
+        box = zoom_box(crop, canvas.sign_box if target == "sign" else canvas.plaque_box)
     except ValueError:
         return None
-    with Image.open(io.BytesIO(view.jpeg)) as decoded:  # the pixels a question image has
-        picture = decoded.convert("RGB")
     crop_box = styled_box(box, zoom)
     if jitter > 0:  # no draw at 0: old commands see old pictures
         crop_box = shift_box(crop_box, rng.uniform(-jitter, jitter) * (box[2] - box[0]))
-    return picture, box, zoom_crop(picture, crop_box)
+    return box, zoom_crop(picture, crop_box)
 
 
 class PictureDrills:
@@ -171,18 +194,20 @@ class PictureDrills:
         return drills
 
     def _reading(self, ex: Example, q: Question, e: Entity) -> PictureSource | None:
-        if len(ex.images) != (1 if q.kind == "visual" else 2):
+        zoom = next((m for m in q.moves if m.action == "zoom"), None)  # detail; a sign under --zoom-sign
+        if len(ex.images) != (1 if zoom is None else 2):
             return None
         answer = self._answer(q.answer)
         box = None
-        if q.kind == "detail":
-            if q.moves[0].box is None:
+        if zoom is not None:
+            if not zoom.box:
                 return None
-            box = self._enc(", ".join(str(int(v)) for v in q.moves[0].box))
+            box = self._enc(", ".join(str(int(v)) for v in zoom.box))
         if len(_find(ex.ids, answer)) != 1 or (box is not None and len(_find(ex.ids, box)) != 1):
             return None
         kind = _kind(q.answer) if q.attribute == "char" else None
-        return PictureSource(ex, e.look.motif, q.attribute, answer, box, char_kind=kind)
+        target = "plaque" if q.kind == "detail" else "sign"
+        return PictureSource(ex, e.look.motif, q.attribute, answer, box, char_kind=kind, target=target)
 
     def drill(self, source: PictureSource, rng: random.Random) -> Example:
         """``source`` with a new picture and, for a reading drill, the new answer (and zoom box)."""
@@ -190,11 +215,11 @@ class PictureDrills:
             look = source.look
             if look is None:
                 look = new_look(rng, source.motif, source.aspect, source.char_kind)
-            drawn = question_picture(look, rng, self.zoom, self.zoom_jitter)
+            drawn = question_picture(look, rng, self.zoom, self.zoom_jitter, source.target)
             if drawn is not None:
                 break
         else:
-            raise RuntimeError(f"no view of motif {source.motif!r} keeps its plaque in 8 draws")
+            raise RuntimeError(f"no view of motif {source.motif!r} keeps its {source.target} in 8 draws")
         picture, box, crop = drawn
         ids, mask = list(source.example.ids), list(source.example.mask)
         images: tuple[bytes, ...] = (png(picture, compress_level=1),)

@@ -33,6 +33,7 @@ from ssr_server.train.rename import Renamer
 from ssr_server.train.rephrase import Rephraser
 from ssr_server.train.schedule import budget_step, cosine_lr
 from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions, zoom_styled
+from ssr_server.train.sign_zoom import zoom_signs
 from ssr_server.world.build import world_entities
 from ssr_server.world.records import load_questions
 
@@ -83,6 +84,7 @@ class SFTConfig:
     # `train vision` taught it (e.g. where the plaque is) cannot drift away under the answers' gradients
     zoom: str = "tight"  # the zoom box detail trajectories and drills write (views.styled_box)
     zoom_jitter: float = 0.0  # picture drills' crops move sideways by up to this many gold widths
+    zoom_sign: bool = False  # sign questions zoom on the big sign before answering (sign_zoom.py)
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -99,8 +101,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     random.seed(cfg.seed)
     fmt = get_format()
     library = LibraryRegistry().get(cfg.library)
-    questions = zoom_styled(split_questions(load_questions(cfg.world / "questions.jsonl"), "train", cfg.limit,
-                                            cfg.seed), cfg.zoom)
+    questions = split_questions(load_questions(cfg.world / "questions.jsonl"), "train", cfg.limit, cfg.seed)
+    if cfg.zoom_sign:
+        questions = zoom_signs(cfg.world, questions, world_entities(cfg.world))
+    questions = zoom_styled(questions, cfg.zoom)
     pixels = DEFAULT_PIXELS
     if Path(cfg.init).is_dir():
         model, tok = load_model(cfg.init)

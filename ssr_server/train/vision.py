@@ -11,7 +11,9 @@ one (so nothing can be remembered). Two optional heads (``count_mean``, ``known`
 the MEAN of the tokens (one attention-pooled token did not count: 18% on six counts, chance 17%; a mean
 counts what each token marks, and a language model's attention can take such a mean), and which of the
 world's well-known entities the picture shows, if any (the first move of a knowledge question rests on
-recognising them; a share of the pictures are those looks, in fresh views). Two more (``plaque_x``,
+recognising them; a share of the pictures are those looks, in fresh views). ``sign_crop``: the big
+sign's shape or character read from the zoom tool's crop around the sign (what ``train sft --zoom-sign``
+trains the language model to read, ``sign_zoom.py``). Two more (``plaque_x``,
 ``plaque_y``): the tenth of the picture, across and down, where the plaque's centre lies, read off the
 attention-pooled tokens, so only if a token's content says where it is (the zoom box a detail question
 needs: a trained model wrote one left-right position for every picture; the tiny model's rotary
@@ -39,7 +41,7 @@ from PIL import Image
 from ssr_server.engine.tiny import read_pixels, save_model, write_processor_config
 from ssr_server.progress import progress_bar
 from ssr_server.train.checkpoint import reproduce, write_card
-from ssr_server.train.picture_drills import question_picture
+from ssr_server.train.picture_drills import crop_of, draw_view
 from ssr_server.train.schedule import cosine_lr
 from ssr_server.train.setup import load_model
 from ssr_server.world.categories import MOTIFS
@@ -53,7 +55,8 @@ LABELS: dict[str, tuple[str, ...]] = {"colour": tuple(sorted(COLOURS)), "count":
 KNOWN_LOOKS: dict[str, Look] = {e.id: e.look for e in knowledge_entities()}
 PLACES = tuple(f"{i * 100}-{i * 100 + 99}" for i in range(10))  # per mille of the picture, as boxes are
 EXTRA: dict[str, tuple[str, ...]] = {"count_mean": LABELS["count"], "known": ("unknown", *KNOWN_LOOKS),
-                                     "plaque_x": PLACES, "plaque_y": PLACES}
+                                     "plaque_x": PLACES, "plaque_y": PLACES, "sign_crop": SIGNS}
+CROP_HEADS = {"plaque": "crops", "sign_crop": "sign_crops"}  # heads that read a zoom crop, and which
 
 
 def place(centre: float) -> str:
@@ -90,16 +93,18 @@ class VisionConfig:
 class Pictures:
     views: list[Image.Image]  # question images
     crops: list[Image.Image]  # the zoom tool's crop around each view's plaque
+    sign_crops: list[Image.Image]  # and around its big sign (empty unless asked for)
     labels: dict[str, torch.Tensor]  # per head: (B,) class indices
 
 
 def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: str = "tight",
-                  jitter: float = 0.0) -> Pictures:
+                  jitter: float = 0.0, sign_crops: bool = False) -> Pictures:
     """``n`` pictures of random looks of random motifs (a ``known_share`` of them the looks of well-known
     entities), as question views, with their zoom crops in the ``zoom`` style (moved sideways by up to
-    ``jitter`` gold widths)."""
+    ``jitter`` gold widths): around the plaque, and with ``sign_crops`` around the big sign too."""
     views: list[Image.Image] = []
     crops: list[Image.Image] = []
+    signs: list[Image.Image] = []
     labels: dict[str, list[int]] = {k: [] for k in (*LABELS, *EXTRA)}
     motifs, known = sorted(MOTIFS), sorted(KNOWN_LOOKS)
     while len(views) < n:
@@ -107,18 +112,22 @@ def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: st
         if known_share > 0 and rng.random() < known_share:  # no draw at 0: old commands see old pictures
             which = rng.choice(known)
         look = KNOWN_LOOKS[which] if which != "unknown" else draw_look(rng, rng.choice(motifs))
-        drawn = question_picture(look, rng, zoom, jitter)
-        if drawn is None:  # the plaque fell outside this view (rare): draw another
+        picture, region, canvas = draw_view(look, rng)
+        plaque = crop_of(picture, region, canvas, "plaque", rng, zoom, jitter)
+        sign = crop_of(picture, region, canvas, "sign", rng, zoom, jitter) if sign_crops else None
+        if plaque is None or (sign_crops and sign is None):  # fell outside this view (rare): draw another
             continue
-        picture, box, crop = drawn
+        box, crop = plaque
         views.append(picture)
         crops.append(crop)
+        if sign is not None:
+            signs.append(sign[1])
         for key, value in (("colour", look.colour), ("count", str(look.count)), ("sign", look.sign.value),
                            ("plaque", look.plaque), ("count_mean", str(look.count)), ("known", which),
                            ("plaque_x", place((box[0] + box[2]) / 2)),
-                           ("plaque_y", place((box[1] + box[3]) / 2))):
+                           ("plaque_y", place((box[1] + box[3]) / 2)), ("sign_crop", look.sign.value)):
             labels[key].append({**LABELS, **EXTRA}[key].index(value))
-    return Pictures(views, crops, {k: torch.tensor(v) for k, v in labels.items()})
+    return Pictures(views, crops, signs, {k: torch.tensor(v) for k, v in labels.items()})
 
 
 class PoolHead(torch.nn.Module):
@@ -178,25 +187,29 @@ class TowerTrainer:
         return feats, mask
 
     def loss(self, pics: Pictures) -> tuple[torch.Tensor, dict[str, float]]:
-        batches = (self.pixels(pics.views), self.pixels(pics.crops))
-        views, crops = (self.features(b) for b in batches)
+        images = {"views": pics.views, "crops": pics.crops, "sign_crops": pics.sign_crops}
+        batches = {k: self.pixels(v) for k, v in images.items() if v}
+        feats = {k: self.features(b) for k, b in batches.items()}
         total = torch.zeros((), device=self.device)
         accuracy = {}
         for key, head in self.heads.items():
-            feats, mask = crops if key == "plaque" else views
-            logits = head(feats, mask)
+            stream = CROP_HEADS.get(key, "views")
+            if stream not in feats:
+                raise ValueError(f"the {key} head needs pictures drawn with their {stream}")
+            logits = head(*feats[stream])
             target = pics.labels[key].to(self.device)
             total = total + torch.nn.functional.cross_entropy(logits, target)
             accuracy[key] = float((logits.argmax(-1) == target).float().mean())
         if self.frozen is not None:
-            if self.anchor_crops is None:  # one drift over both streams
-                drift = self.drift(batches, (views, crops))
+            zoomed = [k for k in batches if k != "views"]
+            if self.anchor_crops is None:  # one drift over every stream
+                drift = self.drift(list(batches.values()), list(feats.values()))
                 total = total + self.anchor * drift
                 accuracy["drift"] = float(drift.detach())
             else:
-                for name, weight, batch, now in (("drift", self.anchor, batches[0], views),
-                                                 ("drift_crops", self.anchor_crops, batches[1], crops)):
-                    drift = self.drift((batch,), (now,))
+                for name, weight, keys in (("drift", self.anchor, ["views"]),
+                                           ("drift_crops", self.anchor_crops, zoomed)):
+                    drift = self.drift([batches[k] for k in keys], [feats[k] for k in keys])
                     total = total + weight * drift
                     accuracy[name] = float(drift.detach())
         return total, accuracy
@@ -256,6 +269,7 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     log_path = cfg.out / "train_log.jsonl"
     trainer.tower.train()
+    signs = "sign_crop" in cfg.heads
     bar = progress_bar(total=cfg.steps, desc="vision", unit="step", disable=not progress)
     ema: dict[str, float] = {}
     first_loss: float | None = None
@@ -264,7 +278,7 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
         while step < cfg.steps and (time.perf_counter() - started) / 60 <= cfg.max_minutes:
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps, 0.1)
-            pics = draw_pictures(cfg.batch_size, rng, share, cfg.zoom, cfg.zoom_jitter)
+            pics = draw_pictures(cfg.batch_size, rng, share, cfg.zoom, cfg.zoom_jitter, signs)
             loss, accuracy = trainer.loss(pics)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
@@ -306,7 +320,8 @@ def evaluate(trainer: TowerTrainer, n: int, rng: random.Random, known_share: flo
     done = 0
     while done < n:
         k = min(batch, n - done)
-        _, accuracy = trainer.loss(draw_pictures(k, rng, known_share, zoom, jitter))
+        pics = draw_pictures(k, rng, known_share, zoom, jitter, "sign_crop" in trainer.heads)
+        _, accuracy = trainer.loss(pics)
         for key in correct:
             correct[key] += accuracy[key] * k
         done += k

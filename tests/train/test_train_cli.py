@@ -77,6 +77,10 @@ def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
         assert seen.pop().zoom_jitter == 1.2
         result = CliRunner().invoke(app, [*args, "--zoom-jitter", "-1"])
         assert result.exit_code == 2 and "--zoom-jitter" in result.output and not seen
+        if args is sft_args:
+            assert default.zoom_sign is False
+            CliRunner().invoke(app, [*args, "--zoom-sign"])
+            assert seen.pop().zoom_sign is True
         if args is vision_args:
             CliRunner().invoke(app, [*args, "--max-pixels", "131072"])
             assert seen.pop().max_pixels == 131072

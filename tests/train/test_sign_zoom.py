@@ -1,0 +1,153 @@
+"""``train sft --zoom-sign``: sign questions zoom on the sign first; its drills; the tower's sign crops."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image, ImageChops
+
+from ssr_server.tools.zoom import zoom_crop
+from ssr_server.train.picture_drills import PictureDrills, answer_of, new_look, question_picture
+from ssr_server.train.sign_zoom import SIGN_LABEL, is_sign_question, view_crop, zoom_signs
+from ssr_server.world.categories import MOTIFS
+from ssr_server.world.entities import draw_look
+from ssr_server.world.records import WorldError
+
+
+def _image(data: bytes | Path) -> Image.Image:
+    with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as img:
+        return img.convert("RGB")
+
+
+def _panel(crop: Image.Image) -> float:
+    """Share of near-white or near-black pixels in the middle half of a crop: a crop padded around the big
+    sign is mostly its white panel and black shape or character there, while the world's backgrounds
+    are muted (over 300 sign questions of a 5,000-entity world: 0.75 at least; a box moved by its width,
+    0.04 in the median)."""
+    w, h = crop.size
+    mid = np.asarray(crop.crop((w // 4, h // 4, 3 * w // 4, 3 * h // 4)), dtype=np.int32)
+    return float(((mid.min(-1) > 215) | (mid.max(-1) < 70)).mean())
+
+
+@pytest.fixture(scope="module")
+def signs(world_dir: Path) -> tuple[list[Any], list[Any]]:
+    from ssr_server.world import load_questions
+    from ssr_server.world.build import world_entities
+
+    questions = load_questions(world_dir / "questions.jsonl")
+    return questions, zoom_signs(world_dir, questions, world_entities(world_dir))
+
+
+def test_sign_questions_zoom_on_the_sign_first_and_nothing_else_changes(world_dir: Path, signs: Any) -> None:
+    questions, zoomed = signs
+    assert [q.id for q in zoomed] == [q.id for q in questions]
+    asked = [(q, z) for q, z in zip(questions, zoomed, strict=True) if is_sign_question(q)]
+    assert len(asked) >= 3
+    for q, z in zip(questions, zoomed, strict=True):
+        if not is_sign_question(q):
+            assert z == q
+    missed = 0
+    for q, z in asked:
+        zoom, *rest = z.moves
+        assert zoom.action == "zoom" and zoom.label == SIGN_LABEL and zoom.image_index == 0
+        assert rest == q.moves and z.answer == q.answer and z.question == q.question  # the world's gold
+        crop = zoom_crop(_image(world_dir / q.image), tuple(zoom.box))
+        assert _panel(crop) > 0.7, (q.id, zoom.box)
+        # the panel is found, not any bright or dark patch: the box moved by its own width mostly misses it
+        x1, y1, x2, y2 = zoom.box
+        step = x2 - x1 if x2 + (x2 - x1) <= 1000 else -(x2 - x1)
+        moved = zoom_crop(_image(world_dir / q.image), (x1 + step, y1, x2 + step, y2))
+        missed += _panel(moved) < 0.7
+    assert missed >= 2 * len(asked) / 3
+    assert zoom_signs(world_dir, zoomed, []) == zoomed  # already zoomed: left alone (no look needed)
+
+
+def test_a_question_image_its_seed_does_not_draw_is_refused(world_dir: Path, signs: Any,
+                                                            tmp_path: Path) -> None:
+    from ssr_server.world.build import world_entities
+    from ssr_server.world.picture import draw_canvas, index_picture
+
+    questions, _ = signs
+    q = next(q for q in questions if is_sign_question(q))
+    shutil.copy(world_dir / "manifest.json", tmp_path / "manifest.json")
+    (tmp_path / "views").mkdir()
+    _image(world_dir / q.image).rotate(180).save(tmp_path / q.image, quality=90)
+    look = next(e.look for e in world_entities(world_dir) if e.id == q.entity_id)
+    seed = json.loads((world_dir / "manifest.json").read_text())["seed"]
+    assert view_crop(world_dir, seed, q, index_picture(draw_canvas(look)))  # the real one is found
+    with pytest.raises(WorldError, match="none of the views"):
+        view_crop(tmp_path, seed, q, index_picture(draw_canvas(look)))
+    with pytest.raises(WorldError, match="does not hold"):
+        zoom_signs(world_dir, [q], [])
+
+
+def test_a_sign_crop_frames_the_sign_and_an_unknown_target_is_refused() -> None:
+    look = draw_look(random.Random(2), sorted(MOTIFS)[1])
+    rng, again = random.Random(9), random.Random(9)
+    sign = question_picture(look, rng, target="sign")
+    plaque = question_picture(look, again)
+    assert sign is not None and plaque is not None
+    assert sign[0].tobytes() == plaque[0].tobytes()  # the same view, another box
+    assert sign[1] != plaque[1] and _panel(sign[2]) > 0.7
+    with pytest.raises(ValueError, match="zoom target"):
+        question_picture(look, random.Random(9), target="motif")
+
+
+def test_sign_drills_rewrite_the_box_and_the_answer_for_a_freshly_drawn_sign(world_dir: Path,
+                                                                              signs: Any) -> None:
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.setup import new_model, oracle_examples
+    from ssr_server.world.build import world_entities
+
+    _, zoomed = signs
+    fmt, library = get_format(), LibraryRegistry().get("default")
+    picked = [q for q in zoomed if q.split == "train" and is_sign_question(q)][:4]
+    _, tok = new_model("64x1", world_dir, picked, fmt, library, 0)
+    examples, dropped = asyncio.run(oracle_examples(world_dir, picked, tok, fmt, library, "ssr",
+                                                    progress=False))
+    assert dropped == 0 and all(len(ex.images) == 2 for ex in examples)  # the question image, the crop
+    drills = PictureDrills.of(examples, picked, world_entities(world_dir), tok, fmt)
+    assert len(drills.sources) == len(picked)
+    assert all(s.target == "sign" and s.box is not None for s in drills.sources)
+    for source in drills.sources:
+        drill = drills.drill(source, random.Random(4))
+        text = tok.decode(list(drill.ids))
+        box = json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", text)[0])
+        crop = _image(drill.images[1])
+        assert ImageChops.difference(zoom_crop(_image(drill.images[0]), tuple(box)), crop).getbbox() is None
+        assert _panel(crop) > 0.7
+        look = new_look(random.Random(4), source.motif, source.aspect, source.char_kind)
+        assert re.findall(r"<answer>(.*?)</answer>", text)[-1] == answer_of(look, source.aspect)
+        said = tok.decode([t for t, m in zip(drill.ids, drill.mask, strict=True) if m])
+        assert said == ", ".join(map(str, box)) + f"\n<answer>{answer_of(look, source.aspect)}</answer>"
+
+
+def test_the_tower_gets_sign_crops_only_when_asked_and_the_head_needs_them(tiny_model_dir: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    from ssr_server.train.setup import load_model
+    from ssr_server.train.vision import EXTRA, LABELS, TowerTrainer, draw_pictures
+
+    plain, rng = draw_pictures(6, random.Random(8)), random.Random(8)
+    with_signs = draw_pictures(6, rng, sign_crops=True)
+    assert plain.sign_crops == [] and len(with_signs.sign_crops) == 6
+    assert all(_panel(c) > 0.7 for c in with_signs.sign_crops)
+    assert [EXTRA["sign_crop"][i] for i in with_signs.labels["sign_crop"]] == \
+        [LABELS["sign"][i] for i in with_signs.labels["sign"]]
+    model, _ = load_model(tiny_model_dir)
+    trainer = TowerTrainer(model, AutoImageProcessor.from_pretrained(tiny_model_dir, backend="pil"),
+                           ("sign_crop",), anchor=1.0, anchor_crops=2.0)
+    _, accuracy = trainer.loss(with_signs)
+    assert "sign_crop" in accuracy and accuracy["drift_crops"] == 0.0
+    with pytest.raises(ValueError, match="sign_crops"):
+        trainer.loss(plain)
