@@ -589,6 +589,8 @@ def train_sft_command(
     zoom_sign: Annotated[bool, typer.Option(help="questions about the big sign zoom on it before they answer "
                                                  "(the tiny tower cannot read it at the question image's "
                                                  "35 tokens); the world is not changed")] = False,
+    zoom_count: Annotated[bool, typer.Option(help="count questions zoom on the motif before they answer")]
+        = False,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -610,7 +612,8 @@ def train_sft_command(
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
                                   picture_moves=picture_moves, freeze_vision=freeze_vision,
-                                  zoom=_zoom_style(zoom), zoom_jitter=zoom_jitter, zoom_sign=zoom_sign))
+                                  zoom=_zoom_style(zoom), zoom_jitter=zoom_jitter, zoom_sign=zoom_sign,
+                                  zoom_count=zoom_count))
     _report_training(figures, out)
 
 
@@ -628,7 +631,8 @@ def train_vision_command(
     heads: Annotated[str, typer.Option(help="comma-separated heads: colour, count, sign, plaque, count_mean "
                                             "(count from the tokens' mean), known (well-known entities), "
                                             "plaque_x, plaque_y (where the plaque is, in tenths), "
-                                            "sign_crop (the big sign read from a zoom crop around it)")]
+                                            "sign_crop, count_crop (the big sign, the count read from "
+                                            "a zoom crop around the sign, the motif)")]
         = "colour,count,sign,plaque",
     known_share: Annotated[float, typer.Option(min=0.0, max=1.0, help="with the known head: share of "
                                                                       "pictures of well-known entities")]

@@ -18,27 +18,24 @@ move and answer stand), or a new look of the searched entity's motif (an entity 
 
 from __future__ import annotations
 
-import io
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from PIL import Image
-
 from ssr_server.formats.format import PromptFormat
-from ssr_server.tools.zoom import zoom_crop
 from ssr_server.train.data import Example, png
+from ssr_server.train.zoom_targets import question_picture, target_style
 from ssr_server.world.closed_sets import CHARS, SHAPES
 from ssr_server.world.closed_sets import char_kind as _kind
 from ssr_server.world.entities import Entity, Look, draw_look
-from ssr_server.world.picture import Canvas, draw_canvas, index_picture
 from ssr_server.world.records import Question
 from ssr_server.world.scene import Sign
-from ssr_server.world.views import Crop, make_view, shift_box, styled_box, zoom_box
+from ssr_server.world.views import styled_box
 
 ASPECTS = ("colour", "count", "shape", "char", "plaque")  # what a visual or detail question reads
 KNOWN, UNKNOWN = "known", "unknown"  # move drills: the same well-known entity / a never-seen look
+TARGET_OF = {"shape": "sign", "char": "sign", "count": "motif"}  # a zooming visual question's target
 
 
 @dataclass(frozen=True)
@@ -50,7 +47,7 @@ class PictureSource:
     box: tuple[int, ...] | None  # detail: the zoom call's box numbers' tokens ("496, 735, 621, 897")
     look: Look | None = None  # KNOWN: the well-known entity's look, drawn in a fresh view
     char_kind: str | None = None  # char: "number" or "letter", as the question asks
-    target: str = "plaque"  # what the zoom call (``box``) looks at: a sign question zooms on the sign
+    target: str = "plaque"  # what the zoom call (``box``) looks at (zoom_targets.TARGETS)
 
 
 def _find(ids: Sequence[int], part: Sequence[int]) -> list[int]:
@@ -101,51 +98,6 @@ def _first_move(ex: Example, e: Entity, image_pad: int) -> PictureSource | None:
     cut = Example(ex.key, ex.kind, ex.ids[:end], ex.mask[:end], ex.images[:1])
     return PictureSource(cut, e.look.motif, KNOWN if e.knowledge else UNKNOWN, None, None,
                          e.look if e.knowledge else None)
-
-
-TARGETS = ("plaque", "sign")  # what a zoom call looks at: the small plaque, or the big sign (--zoom-sign)
-
-
-Box = tuple[int, int, int, int]  # a zoom box, 0-1000
-
-
-def question_picture(look: Look, rng: random.Random, zoom: str = "tight", jitter: float = 0.0,
-                     target: str = "plaque") -> tuple[Image.Image, Box, Image.Image] | None:
-    """A question image of ``look`` as the world draws one (a perturbed view of its picture), the gold zoom
-    box around its plaque (or, with ``target="sign"``, its big sign) and the zoom tool's crop at that box in
-    the ``zoom`` style (``views.styled_box``); None when the target fell outside the view.
-
-    ``jitter`` moves the crop (not the box returned) sideways by up to that many gold-box widths: a trained
-    model's box is off the plaque's centre by about one gold width (R19: a median ~150 per mille), so its
-    crops show the plaque near an edge, often cut, while crops drawn at the styled box show it centred."""
-    picture, crop, canvas = draw_view(look, rng)
-    zoomed = crop_of(picture, crop, canvas, target, rng, zoom, jitter)
-    return None if zoomed is None else (picture, *zoomed)
-
-
-def draw_view(look: Look, rng: random.Random) -> tuple[Image.Image, Crop, Canvas]:
-    """A question image of ``look`` (its pixels as decoded), the canvas region it shows and the canvas."""
-    canvas = draw_canvas(look)
-    view = make_view(index_picture(canvas), rng.getrandbits(63))
-    with Image.open(io.BytesIO(view.jpeg)) as decoded:
-        return decoded.convert("RGB"), view.crop, canvas
-
-
-def crop_of(picture: Image.Image, crop: Crop, canvas: Canvas, target: str, rng: random.Random,
-            zoom: str = "tight", jitter: float = 0.0) -> tuple[Box, Image.Image] | None:
-    """The gold zoom box around ``target`` in a view (``crop``: the canvas region it shows) and the zoom
-    tool's crop of ``picture`` at it, styled and jittered as ``question_picture`` says; None when the
-    target fell outside the view."""
-    if target not in TARGETS:
-        raise ValueError(f"zoom target {target!r} is not one of {', '.join(TARGETS)}")
-    try:
-        box = zoom_box(crop, canvas.sign_box if target == "sign" else canvas.plaque_box)
-    except ValueError:
-        return None
-    crop_box = styled_box(box, zoom)
-    if jitter > 0:  # no draw at 0: old commands see old pictures
-        crop_box = shift_box(crop_box, rng.uniform(-jitter, jitter) * (box[2] - box[0]))
-    return box, zoom_crop(picture, crop_box)
 
 
 class PictureDrills:
@@ -206,7 +158,7 @@ class PictureDrills:
         if len(_find(ex.ids, answer)) != 1 or (box is not None and len(_find(ex.ids, box)) != 1):
             return None
         kind = _kind(q.answer) if q.attribute == "char" else None
-        target = "plaque" if q.kind == "detail" else "sign"
+        target = "plaque" if zoom is None or q.kind == "detail" else TARGET_OF[q.attribute]
         return PictureSource(ex, e.look.motif, q.attribute, answer, box, char_kind=kind, target=target)
 
     def drill(self, source: PictureSource, rng: random.Random) -> Example:
@@ -225,7 +177,7 @@ class PictureDrills:
         images: tuple[bytes, ...] = (png(picture, compress_level=1),)
         learnt: list[tuple[int, int]] = []  # what the new picture decides
         if source.box is not None:  # the zoom call comes before the answer
-            written = styled_box(box, self.zoom)
+            written = styled_box(box, target_style(source.target, self.zoom))
             learnt.append(_swap(ids, mask, source.box, self._enc(", ".join(map(str, written)))))
             images += (png(crop, compress_level=1),)
         if source.answer is not None:

@@ -28,12 +28,12 @@ from ssr_server.train.contrast import contrast_drills
 from ssr_server.train.copying import CopyTask, copy_loss
 from ssr_server.train.data import Collator, Example, batches, token_logits
 from ssr_server.train.drills import Drills, DrillTokens
+from ssr_server.train.look_zoom import zoom_looks
 from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
 from ssr_server.train.rephrase import Rephraser
 from ssr_server.train.schedule import budget_step, cosine_lr
 from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions, zoom_styled
-from ssr_server.train.sign_zoom import zoom_signs
 from ssr_server.world.build import world_entities
 from ssr_server.world.records import load_questions
 
@@ -84,7 +84,8 @@ class SFTConfig:
     # `train vision` taught it (e.g. where the plaque is) cannot drift away under the answers' gradients
     zoom: str = "tight"  # the zoom box detail trajectories and drills write (views.styled_box)
     zoom_jitter: float = 0.0  # picture drills' crops move sideways by up to this many gold widths
-    zoom_sign: bool = False  # sign questions zoom on the big sign before answering (sign_zoom.py)
+    zoom_sign: bool = False  # sign questions zoom on the big sign before answering (look_zoom.py)
+    zoom_count: bool = False  # count questions zoom on the motif before answering
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -101,10 +102,11 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     random.seed(cfg.seed)
     fmt = get_format()
     library = LibraryRegistry().get(cfg.library)
-    questions = split_questions(load_questions(cfg.world / "questions.jsonl"), "train", cfg.limit, cfg.seed)
-    if cfg.zoom_sign:
-        questions = zoom_signs(cfg.world, questions, world_entities(cfg.world))
-    questions = zoom_styled(questions, cfg.zoom)
+    questions = zoom_styled(split_questions(load_questions(cfg.world / "questions.jsonl"), "train", cfg.limit,
+                                            cfg.seed), cfg.zoom)
+    targets = [t for t, on in (("sign", cfg.zoom_sign), ("motif", cfg.zoom_count)) if on]
+    if targets:
+        questions = zoom_looks(cfg.world, questions, world_entities(cfg.world), targets, cfg.zoom)
     pixels = DEFAULT_PIXELS
     if Path(cfg.init).is_dir():
         model, tok = load_model(cfg.init)

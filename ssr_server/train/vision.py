@@ -11,9 +11,10 @@ one (so nothing can be remembered). Two optional heads (``count_mean``, ``known`
 the MEAN of the tokens (one attention-pooled token did not count: 18% on six counts, chance 17%; a mean
 counts what each token marks, and a language model's attention can take such a mean), and which of the
 world's well-known entities the picture shows, if any (the first move of a knowledge question rests on
-recognising them; a share of the pictures are those looks, in fresh views). ``sign_crop``: the big
-sign's shape or character read from the zoom tool's crop around the sign (what ``train sft --zoom-sign``
-trains the language model to read, ``sign_zoom.py``). Two more (``plaque_x``,
+recognising them; a share of the pictures are those looks, in fresh views). ``sign_crop`` and
+``count_crop``: the big sign's shape or character, and the count, read from the zoom tool's crop around
+the sign and around the motif (what ``train sft --zoom-sign`` and ``--zoom-count`` train the language
+model to read, ``look_zoom.py``). Two more (``plaque_x``,
 ``plaque_y``): the tenth of the picture, across and down, where the plaque's centre lies, read off the
 attention-pooled tokens, so only if a token's content says where it is (the zoom box a detail question
 needs: a trained model wrote one left-right position for every picture; the tiny model's rotary
@@ -41,9 +42,9 @@ from PIL import Image
 from ssr_server.engine.tiny import read_pixels, save_model, write_processor_config
 from ssr_server.progress import progress_bar
 from ssr_server.train.checkpoint import reproduce, write_card
-from ssr_server.train.picture_drills import crop_of, draw_view
 from ssr_server.train.schedule import cosine_lr
 from ssr_server.train.setup import load_model
+from ssr_server.train.zoom_targets import crop_of, draw_view
 from ssr_server.world.categories import MOTIFS
 from ssr_server.world.closed_sets import CHARS, COLOURS, COUNTS, SHAPES
 from ssr_server.world.entities import Look, draw_look
@@ -55,8 +56,10 @@ LABELS: dict[str, tuple[str, ...]] = {"colour": tuple(sorted(COLOURS)), "count":
 KNOWN_LOOKS: dict[str, Look] = {e.id: e.look for e in knowledge_entities()}
 PLACES = tuple(f"{i * 100}-{i * 100 + 99}" for i in range(10))  # per mille of the picture, as boxes are
 EXTRA: dict[str, tuple[str, ...]] = {"count_mean": LABELS["count"], "known": ("unknown", *KNOWN_LOOKS),
-                                     "plaque_x": PLACES, "plaque_y": PLACES, "sign_crop": SIGNS}
-CROP_HEADS = {"plaque": "crops", "sign_crop": "sign_crops"}  # heads that read a zoom crop, and which
+                                     "plaque_x": PLACES, "plaque_y": PLACES, "sign_crop": SIGNS,
+                                     "count_crop": LABELS["count"]}
+# heads that read a zoom crop, and which: the plaque's (the ``crops``), or the crops at another zoom target
+CROP_HEADS = {"plaque": "crops", "sign_crop": "sign", "count_crop": "motif"}
 
 
 def place(centre: float) -> str:
@@ -93,18 +96,18 @@ class VisionConfig:
 class Pictures:
     views: list[Image.Image]  # question images
     crops: list[Image.Image]  # the zoom tool's crop around each view's plaque
-    sign_crops: list[Image.Image]  # and around its big sign (empty unless asked for)
+    zoomed: dict[str, list[Image.Image]]  # per other zoom target asked for ("sign", "motif"): its crops
     labels: dict[str, torch.Tensor]  # per head: (B,) class indices
 
 
 def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: str = "tight",
-                  jitter: float = 0.0, sign_crops: bool = False) -> Pictures:
+                  jitter: float = 0.0, targets: Sequence[str] = ()) -> Pictures:
     """``n`` pictures of random looks of random motifs (a ``known_share`` of them the looks of well-known
     entities), as question views, with their zoom crops in the ``zoom`` style (moved sideways by up to
-    ``jitter`` gold widths): around the plaque, and with ``sign_crops`` around the big sign too."""
+    ``jitter`` gold widths): around the plaque, and around each of the other zoom ``targets`` asked for."""
     views: list[Image.Image] = []
     crops: list[Image.Image] = []
-    signs: list[Image.Image] = []
+    zoomed: dict[str, list[Image.Image]] = {t: [] for t in targets}
     labels: dict[str, list[int]] = {k: [] for k in (*LABELS, *EXTRA)}
     motifs, known = sorted(MOTIFS), sorted(KNOWN_LOOKS)
     while len(views) < n:
@@ -114,20 +117,27 @@ def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: st
         look = KNOWN_LOOKS[which] if which != "unknown" else draw_look(rng, rng.choice(motifs))
         picture, region, canvas = draw_view(look, rng)
         plaque = crop_of(picture, region, canvas, "plaque", rng, zoom, jitter)
-        sign = crop_of(picture, region, canvas, "sign", rng, zoom, jitter) if sign_crops else None
-        if plaque is None or (sign_crops and sign is None):  # fell outside this view (rare): draw another
+        others = {t: crop_of(picture, region, canvas, t, rng, zoom, jitter) for t in targets}
+        if plaque is None or None in others.values():  # fell outside this view (rare): draw another
             continue
         box, crop = plaque
         views.append(picture)
         crops.append(crop)
-        if sign is not None:
-            signs.append(sign[1])
+        for t, other in others.items():
+            if other is not None:
+                zoomed[t].append(other[1])
         for key, value in (("colour", look.colour), ("count", str(look.count)), ("sign", look.sign.value),
                            ("plaque", look.plaque), ("count_mean", str(look.count)), ("known", which),
                            ("plaque_x", place((box[0] + box[2]) / 2)),
-                           ("plaque_y", place((box[1] + box[3]) / 2)), ("sign_crop", look.sign.value)):
+                           ("plaque_y", place((box[1] + box[3]) / 2)), ("sign_crop", look.sign.value),
+                           ("count_crop", str(look.count))):
             labels[key].append({**LABELS, **EXTRA}[key].index(value))
-    return Pictures(views, crops, signs, {k: torch.tensor(v) for k, v in labels.items()})
+    return Pictures(views, crops, zoomed, {k: torch.tensor(v) for k, v in labels.items()})
+
+
+def crop_targets(heads: Sequence[str]) -> tuple[str, ...]:
+    """The zoom targets besides the plaque whose crops ``heads`` read."""
+    return tuple(CROP_HEADS[h] for h in heads if h in CROP_HEADS and h != "plaque")
 
 
 class PoolHead(torch.nn.Module):
@@ -187,7 +197,7 @@ class TowerTrainer:
         return feats, mask
 
     def loss(self, pics: Pictures) -> tuple[torch.Tensor, dict[str, float]]:
-        images = {"views": pics.views, "crops": pics.crops, "sign_crops": pics.sign_crops}
+        images = {"views": pics.views, "crops": pics.crops, **pics.zoomed}
         batches = {k: self.pixels(v) for k, v in images.items() if v}
         feats = {k: self.features(b) for k, b in batches.items()}
         total = torch.zeros((), device=self.device)
@@ -195,7 +205,7 @@ class TowerTrainer:
         for key, head in self.heads.items():
             stream = CROP_HEADS.get(key, "views")
             if stream not in feats:
-                raise ValueError(f"the {key} head needs pictures drawn with their {stream}")
+                raise ValueError(f"the {key} head needs pictures drawn with their {stream} crops")
             logits = head(*feats[stream])
             target = pics.labels[key].to(self.device)
             total = total + torch.nn.functional.cross_entropy(logits, target)
@@ -269,7 +279,7 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     log_path = cfg.out / "train_log.jsonl"
     trainer.tower.train()
-    signs = "sign_crop" in cfg.heads
+    targets = crop_targets(cfg.heads)
     bar = progress_bar(total=cfg.steps, desc="vision", unit="step", disable=not progress)
     ema: dict[str, float] = {}
     first_loss: float | None = None
@@ -278,7 +288,7 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
         while step < cfg.steps and (time.perf_counter() - started) / 60 <= cfg.max_minutes:
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps, 0.1)
-            pics = draw_pictures(cfg.batch_size, rng, share, cfg.zoom, cfg.zoom_jitter, signs)
+            pics = draw_pictures(cfg.batch_size, rng, share, cfg.zoom, cfg.zoom_jitter, targets)
             loss, accuracy = trainer.loss(pics)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
@@ -320,7 +330,7 @@ def evaluate(trainer: TowerTrainer, n: int, rng: random.Random, known_share: flo
     done = 0
     while done < n:
         k = min(batch, n - done)
-        pics = draw_pictures(k, rng, known_share, zoom, jitter, "sign_crop" in trainer.heads)
+        pics = draw_pictures(k, rng, known_share, zoom, jitter, crop_targets(list(trainer.heads)))
         _, accuracy = trainer.loss(pics)
         for key in correct:
             correct[key] += accuracy[key] * k

@@ -20,6 +20,10 @@ from ssr_server.world.scene import MARGIN, Box, H, W, big_sign, indoor, outdoor,
 
 PICTURE_SIZE = (W // 2, H // 2)  # the index pictures and the question images
 SIGN_SIZE, MOTIF_HALF, GAP = 76, 100, 16
+# Where a motif's ink lies around its centre x and the horizon (drawn in every colour, 20 looks of each
+# motif: a tower's top 224 pixels up, a gate's or a flower's sides a few pixels past cx +- 100, nothing
+# 40 pixels under the horizon): the zoom box of a count question (train sft --zoom-count)
+MOTIF_TOP, MOTIF_BELOW, MOTIF_SIDE = 230, 40, 8
 _MODULES = (motifs_indoor, motifs_outdoor)  # imported for their registrations
 _INDOOR = frozenset({"artwork", "dish"})
 
@@ -29,6 +33,7 @@ class Canvas:
     image: Image.Image  # W x H
     sign_box: Box
     plaque_box: Box
+    motif_box: Box = (0, 0, W, H)  # the region the motif drawer may draw in (its contract, not its ink)
 
 
 def _horizon(category: str, rng: random.Random) -> int:
@@ -66,7 +71,9 @@ def draw_canvas(look: Look) -> Canvas:
         sign_top, post_to = gy - SIGN_SIZE - rng.randint(28, 64), gy + 12
     sign_box = big_sign(d, look.sign, sign_x, sign_top, post_to)
     plaque_box = plaque(d, look.plaque, spot[0], spot[1], spot[2])
-    return Canvas(img, sign_box, plaque_box)
+    motif_box = (max(0, cx - MOTIF_HALF - MOTIF_SIDE), max(0, gy - MOTIF_TOP),
+                 min(W, cx + MOTIF_HALF + MOTIF_SIDE), min(H, gy + MOTIF_BELOW))
+    return Canvas(img, sign_box, plaque_box, motif_box)
 
 
 def index_picture(canvas: Canvas) -> Image.Image:

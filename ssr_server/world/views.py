@@ -75,10 +75,11 @@ def make_view(half: Image.Image, seed: int) -> View:
     return View(buf.getvalue(), crop)
 
 
-def zoom_box(crop: Crop, plaque: Box) -> tuple[int, int, int, int]:
-    """The gold zoom box around the plaque, integers in 0-1000 with x1 < x2 and y1 < y2."""
+def zoom_box(crop: Crop, plaque: Box, pad: float = ZOOM_PAD) -> tuple[int, int, int, int]:
+    """The gold zoom box around the plaque (or another canvas box, ``pad`` times its size added on each
+    side), integers in 0-1000 with x1 < x2 and y1 < y2."""
     x0, y0, x1, y1 = to_relative(crop, plaque)
-    px, py = (x1 - x0) * ZOOM_PAD, (y1 - y0) * ZOOM_PAD
+    px, py = (x1 - x0) * pad, (y1 - y0) * pad
     box = (max(0, math.floor(x0 - px)), max(0, math.floor(y0 - py)),
            min(1000, math.ceil(x1 + px)), min(1000, math.ceil(y1 + py)))
     if not (box[0] < box[2] and box[1] < box[3]):

@@ -78,9 +78,10 @@ def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
         result = CliRunner().invoke(app, [*args, "--zoom-jitter", "-1"])
         assert result.exit_code == 2 and "--zoom-jitter" in result.output and not seen
         if args is sft_args:
-            assert default.zoom_sign is False
-            CliRunner().invoke(app, [*args, "--zoom-sign"])
-            assert seen.pop().zoom_sign is True
+            assert default.zoom_sign is False and default.zoom_count is False
+            CliRunner().invoke(app, [*args, "--zoom-sign", "--zoom-count"])
+            chosen = seen.pop()
+            assert chosen.zoom_sign is True and chosen.zoom_count is True
         if args is vision_args:
             CliRunner().invoke(app, [*args, "--max-pixels", "131072"])
             assert seen.pop().max_pixels == 131072

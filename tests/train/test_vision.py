@@ -11,7 +11,6 @@ import torch
 from safetensors.torch import load_file
 
 from ssr_server.engine.tiny import read_pixels
-from ssr_server.train.picture_drills import question_picture
 from ssr_server.train.vision import (
     EXTRA,
     KNOWN_LOOKS,
@@ -25,6 +24,7 @@ from ssr_server.train.vision import (
     reinit_tower,
     train_vision,
 )
+from ssr_server.train.zoom_targets import question_picture
 from ssr_server.world.categories import MOTIFS
 from ssr_server.world.entities import draw_look
 from ssr_server.world.picture import PICTURE_SIZE

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import io
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageChops
 
 from ssr_server.tools.zoom import output_size, pixel_box
 from ssr_server.world import Question
@@ -40,6 +41,21 @@ def test_sign_and_plaque_stay_clear_of_the_cropped_border(motif: str) -> None:
         assert _inside(canvas.sign_box) and _inside(canvas.plaque_box), (look, canvas)
         s, p = canvas.sign_box, canvas.plaque_box
         assert s[2] <= p[0] or p[2] <= s[0] or s[3] <= p[1] or p[3] <= s[1]  # they never overlap
+
+
+@pytest.mark.parametrize("motif", sorted(MOTIFS))
+def test_the_motif_box_holds_all_of_the_motifs_ink(motif: str) -> None:
+    """What changes with the entity's colour (body, parts, their ink) lies inside ``motif_box``, the box a
+    count question's zoom takes (``train sft --zoom-count``)."""
+    for look in _looks(motif, 6):
+        other = next(c for c in sorted(COLOURS) if c != look.colour and c not in ("white", "black"))
+        canvas = draw_canvas(look)
+        recoloured = draw_canvas(replace(look, colour=other)).image
+        changed = ImageChops.difference(canvas.image, recoloured).getbbox()
+        m = canvas.motif_box
+        assert changed is not None and m[0] <= changed[0] and m[1] <= changed[1], (look, changed, m)
+        assert changed[2] <= m[2] and changed[3] <= m[3], (look, changed, m)
+        assert (m[2] - m[0]) * (m[3] - m[1]) < W * H / 2  # a zoom into it still magnifies
 
 
 def test_drawing_is_deterministic_and_looks_differ() -> None:

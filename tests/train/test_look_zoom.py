@@ -1,4 +1,4 @@
-"""``train sft --zoom-sign``: sign questions zoom on the sign first; its drills; the tower's sign crops."""
+"""``train sft --zoom-sign/--zoom-count``: visual questions zoom first; their drills; the tower's crops."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ import pytest
 from PIL import Image, ImageChops
 
 from ssr_server.tools.zoom import zoom_crop
-from ssr_server.train.picture_drills import PictureDrills, answer_of, new_look, question_picture
-from ssr_server.train.sign_zoom import SIGN_LABEL, is_sign_question, view_crop, zoom_signs
+from ssr_server.train.look_zoom import SIGN_LABEL, view_crop, zoom_looks, zoom_target
+from ssr_server.train.picture_drills import PictureDrills, answer_of, new_look
+from ssr_server.train.zoom_targets import question_picture
 from ssr_server.world.categories import MOTIFS
 from ssr_server.world.entities import draw_look
 from ssr_server.world.records import WorldError
@@ -44,7 +45,11 @@ def signs(world_dir: Path) -> tuple[list[Any], list[Any]]:
     from ssr_server.world.build import world_entities
 
     questions = load_questions(world_dir / "questions.jsonl")
-    return questions, zoom_signs(world_dir, questions, world_entities(world_dir))
+    return questions, zoom_looks(world_dir, questions, world_entities(world_dir), ["sign"])
+
+
+def is_sign_question(q: Any) -> bool:
+    return bool(zoom_target(q) == "sign")
 
 
 def test_sign_questions_zoom_on_the_sign_first_and_nothing_else_changes(world_dir: Path, signs: Any) -> None:
@@ -68,7 +73,7 @@ def test_sign_questions_zoom_on_the_sign_first_and_nothing_else_changes(world_di
         moved = zoom_crop(_image(world_dir / q.image), (x1 + step, y1, x2 + step, y2))
         missed += _panel(moved) < 0.7
     assert missed >= 2 * len(asked) / 3
-    assert zoom_signs(world_dir, zoomed, []) == zoomed  # already zoomed: left alone (no look needed)
+    assert zoom_looks(world_dir, zoomed, [], ["sign"]) == zoomed  # already zoomed: left alone (no look read)
 
 
 def test_a_question_image_its_seed_does_not_draw_is_refused(world_dir: Path, signs: Any,
@@ -87,7 +92,7 @@ def test_a_question_image_its_seed_does_not_draw_is_refused(world_dir: Path, sig
     with pytest.raises(WorldError, match="none of the views"):
         view_crop(tmp_path, seed, q, index_picture(draw_canvas(look)))
     with pytest.raises(WorldError, match="does not hold"):
-        zoom_signs(world_dir, [q], [])
+        zoom_looks(world_dir, [q], [], ["sign"])
 
 
 def test_a_sign_crop_frames_the_sign_and_an_unknown_target_is_refused() -> None:
@@ -99,7 +104,7 @@ def test_a_sign_crop_frames_the_sign_and_an_unknown_target_is_refused() -> None:
     assert sign[0].tobytes() == plaque[0].tobytes()  # the same view, another box
     assert sign[1] != plaque[1] and _panel(sign[2]) > 0.7
     with pytest.raises(ValueError, match="zoom target"):
-        question_picture(look, random.Random(9), target="motif")
+        question_picture(look, random.Random(9), target="window")
 
 
 def test_sign_drills_rewrite_the_box_and_the_answer_for_a_freshly_drawn_sign(world_dir: Path,
@@ -132,22 +137,87 @@ def test_sign_drills_rewrite_the_box_and_the_answer_for_a_freshly_drawn_sign(wor
         assert said == ", ".join(map(str, box)) + f"\n<answer>{answer_of(look, source.aspect)}</answer>"
 
 
-def test_the_tower_gets_sign_crops_only_when_asked_and_the_head_needs_them(tiny_model_dir: Path) -> None:
+def test_the_tower_gets_target_crops_only_when_asked_and_their_heads_need_them(tiny_model_dir: Path) -> None:
     from transformers import AutoImageProcessor
 
     from ssr_server.train.setup import load_model
-    from ssr_server.train.vision import EXTRA, LABELS, TowerTrainer, draw_pictures
+    from ssr_server.train.vision import EXTRA, LABELS, TowerTrainer, crop_targets, draw_pictures
 
-    plain, rng = draw_pictures(6, random.Random(8)), random.Random(8)
-    with_signs = draw_pictures(6, rng, sign_crops=True)
-    assert plain.sign_crops == [] and len(with_signs.sign_crops) == 6
-    assert all(_panel(c) > 0.7 for c in with_signs.sign_crops)
-    assert [EXTRA["sign_crop"][i] for i in with_signs.labels["sign_crop"]] == \
-        [LABELS["sign"][i] for i in with_signs.labels["sign"]]
+    assert crop_targets(("colour", "plaque", "count_crop", "sign_crop")) == ("motif", "sign")
+    plain = draw_pictures(6, random.Random(8))
+    zoomed = draw_pictures(6, random.Random(8), targets=("sign", "motif"))
+    assert plain.zoomed == {} and [len(v) for v in zoomed.zoomed.values()] == [6, 6]
+    assert all(_panel(c) > 0.7 for c in zoomed.zoomed["sign"])
+    assert all(c.height > c.width for c in zoomed.zoomed["motif"])  # the motif's own box: taller than wide
+    for head, of in (("sign_crop", "sign"), ("count_crop", "count")):
+        assert [EXTRA[head][i] for i in zoomed.labels[head]] == [LABELS[of][i] for i in zoomed.labels[of]]
     model, _ = load_model(tiny_model_dir)
     trainer = TowerTrainer(model, AutoImageProcessor.from_pretrained(tiny_model_dir, backend="pil"),
-                           ("sign_crop",), anchor=1.0, anchor_crops=2.0)
-    _, accuracy = trainer.loss(with_signs)
-    assert "sign_crop" in accuracy and accuracy["drift_crops"] == 0.0
-    with pytest.raises(ValueError, match="sign_crops"):
+                           ("sign_crop", "count_crop"), anchor=1.0, anchor_crops=2.0)
+    _, accuracy = trainer.loss(zoomed)
+    assert {"sign_crop", "count_crop"} <= set(accuracy) and accuracy["drift_crops"] == 0.0
+    with pytest.raises(ValueError, match="sign crops"):
         trainer.loss(plain)
+
+
+def test_count_questions_zoom_on_the_motif_with_its_own_box_in_every_style(world_dir: Path) -> None:
+    from dataclasses import replace as swap
+
+    from ssr_server.world import load_questions
+    from ssr_server.world.build import world_entities
+    from ssr_server.world.categories import MOTIFS as KINDS
+    from ssr_server.world.picture import draw_canvas, index_picture
+    from ssr_server.world.views import to_relative
+
+    questions = load_questions(world_dir / "questions.jsonl")
+    entities = {e.id: e for e in world_entities(world_dir)}
+    tight = zoom_looks(world_dir, questions, list(entities.values()), ["motif"])
+    wide = zoom_looks(world_dir, questions, list(entities.values()), ["motif", "sign"], "wide")
+    counted = [(q, t, w) for q, t, w in zip(questions, tight, wide, strict=True) if q.attribute == "count"]
+    assert counted and all(t == q for q, t in zip(questions, tight, strict=True) if q.attribute != "count")
+    seed = json.loads((world_dir / "manifest.json").read_text())["seed"]
+    for q, t, w in counted:
+        look = entities[q.entity_id].look
+        zoom = t.moves[0]
+        assert zoom.label == KINDS[look.motif].count_noun and t.moves[1:] == q.moves
+        assert w.moves[0].box == zoom.box  # the motif's box is not widened
+        canvas = draw_canvas(look)
+        other = next(c for c in ("red", "blue") if c != look.colour)
+        ink = ImageChops.difference(canvas.image, draw_canvas(swap(look, colour=other)).image).getbbox()
+        x0, y0, x1, y1 = to_relative(view_crop(world_dir, seed, q, index_picture(canvas)), ink)
+        b = zoom.box
+        assert b[0] <= max(0, x0) + 1 and b[1] <= max(0, y0) + 1 and min(1000, x1) - 1 <= b[2], (q.id, b)
+        assert min(1000, y1) - 1 <= b[3], (q.id, b)
+    sign = [(q, w) for q, w in zip(questions, wide, strict=True) if is_sign_question(q)]
+    assert all(w.moves[0].box[2] - w.moves[0].box[0] > 600 for _, w in sign)  # the sign's box is widened
+
+
+def test_count_drills_write_the_new_views_motif_box_and_count(world_dir: Path) -> None:
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.setup import new_model, oracle_examples
+    from ssr_server.world import load_questions
+    from ssr_server.world.build import world_entities
+
+    fmt, library = get_format(), LibraryRegistry().get("default")
+    entities = world_entities(world_dir)
+    train = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"]
+    zoomed = zoom_looks(world_dir, train, entities, ["motif"], "wide")
+    picked = [q for q in zoomed if q.attribute == "count"][:3]
+    _, tok = new_model("64x1", world_dir, picked, fmt, library, 0)
+    examples, dropped = asyncio.run(oracle_examples(world_dir, picked, tok, fmt, library, "ssr",
+                                                    progress=False))
+    assert dropped == 0 and picked
+    drills = PictureDrills.of(examples, picked, entities, tok, fmt, zoom="wide", zoom_jitter=1.0)
+    assert [s.target for s in drills.sources] == ["motif"] * len(picked)
+    for source in drills.sources:
+        drill = drills.drill(source, random.Random(6))
+        look = new_look(random.Random(6), source.motif, source.aspect, source.char_kind)
+        again = random.Random(6)
+        new_look(again, source.motif, source.aspect, source.char_kind)
+        drawn = question_picture(look, again, "wide", 1.0, "motif")
+        assert drawn is not None
+        text = tok.decode(list(drill.ids))
+        assert json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", text)[0]) == list(drawn[1])  # tight
+        assert re.findall(r"<answer>(.*?)</answer>", text)[-1] == str(look.count)
+        assert ImageChops.difference(_image(drill.images[1]), drawn[2]).getbbox() is None

@@ -1,0 +1,91 @@
+"""``train sft --zoom-sign``, ``--zoom-count``: visual questions trained as zoom-then-read, as the plaque's.
+
+The world's visual questions about the big sign (its shape or character) and the count of a motif's parts
+are answered from the question image alone, and that is the gold a larger model meets. Our tiny model
+cannot: the 76-pixel sign is 38 pixels in a 224x160 question image, a handful of its 35 merged tokens,
+and the tower reads it at 35-40% on fresh pictures (the count at 44%), while the plaque's far smaller
+character, read from the zoom tool's crop, reaches 90%. With these options the training split's sign
+(count) questions first zoom on the sign (the motif), with the gold box (``zoom_targets.gold_box``) and
+the label "big sign" (the counted parts' noun), and then answer from the image. The world is not changed:
+its questions and gold moves stay as built, and a model so trained takes one more turn on those
+questions (the evaluation scores the answer; its move accuracy counts the zoom as a wrong first move).
+
+The gold box needs the view's crop of the canvas, which the world does not store: the view is drawn
+again from its seed (``world.render``) for each attempt the build may have made, and the one whose
+pixels are the question image's is taken.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ssr_server.train.picture_drills import TARGET_OF
+from ssr_server.train.zoom_targets import check_target, gold_box, target_style
+from ssr_server.world.build import MAX_VIEW_ATTEMPTS
+from ssr_server.world.categories import MOTIFS
+from ssr_server.world.entities import Entity, Look
+from ssr_server.world.picture import draw_canvas, index_picture
+from ssr_server.world.records import MOVE_ACTIONS, ZOOM, Move, Question, WorldError
+from ssr_server.world.views import Crop, make_view, styled_box, view_seed
+
+SIGN_LABEL = "big sign"
+SAME_PIXELS = 2.0  # mean absolute difference (0-255) under which a redrawn view is the question image
+
+
+def zoom_target(q: Question) -> str | None:
+    """What a visual question's zoom would look at ("sign", "motif"); None for the other questions."""
+    return TARGET_OF.get(q.attribute) if q.kind == "visual" else None
+
+
+def zoom_label(look: Look, target: str) -> str:
+    return SIGN_LABEL if target == "sign" else MOTIFS[look.motif].count_noun
+
+
+def view_crop(world: Path, seed: int, q: Question, picture: Image.Image) -> Crop:
+    """The canvas region question ``q``'s image shows (``views.View.crop``), found by drawing the view
+    again for each build attempt: the same bytes, or (another JPEG library) the same pixels."""
+    name = q.image.removeprefix("views/").removesuffix(".jpg")
+    data = (world / q.image).read_bytes()
+    with Image.open(io.BytesIO(data)) as img:
+        target = np.asarray(img.convert("RGB"), dtype=np.float32)
+    for attempt in range(MAX_VIEW_ATTEMPTS):
+        view = make_view(picture, view_seed(seed, name, attempt))
+        if view.jpeg == data:
+            return view.crop
+        with Image.open(io.BytesIO(view.jpeg)) as img:
+            drawn = np.asarray(img.convert("RGB"), dtype=np.float32)
+        if drawn.shape == target.shape and float(np.abs(drawn - target).mean()) < SAME_PIXELS:
+            return view.crop
+    raise WorldError(f"{q.image} is none of the views its seed draws: was {world} built by this code?")
+
+
+def zoom_looks(world: Path, questions: Sequence[Question], entities: Sequence[Entity],
+               targets: Sequence[str], style: str = "tight") -> list[Question]:
+    """``questions`` with the moves of every visual question whose target is among ``targets`` preceded
+    by a zoom on it (the gold box in 0-1000 of the question image, in the zoom ``style`` as
+    ``zoom_targets.target_style`` says); the others as they are."""
+    wanted = {check_target(t) for t in targets}
+    seed = int(json.loads((world / "manifest.json").read_text(encoding="utf-8"))["seed"])
+    looks = {e.id: e.look for e in entities}
+    out: list[Question] = []
+    for q in questions:
+        target = zoom_target(q)
+        if target is None or target not in wanted or any(m.action == "zoom" for m in q.moves):
+            out.append(q)
+            continue
+        look = looks.get(q.entity_id)
+        if look is None:
+            raise WorldError(f"question {q.id} is about {q.entity_id}, which {world} does not hold")
+        canvas = draw_canvas(look)
+        gold = gold_box(view_crop(world, seed, q, index_picture(canvas)), canvas, target)
+        box = styled_box(gold, target_style(target, style))
+        zoom = Move(ZOOM, MOVE_ACTIONS[ZOOM], box=list(box), label=zoom_label(look, target))
+        out.append(replace(q, moves=[zoom, *q.moves]))
+    return out
