@@ -26,8 +26,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ssr_server.train.picture_drills import TARGET_OF
-from ssr_server.train.zoom_targets import check_target, gold_box, target_style
+from ssr_server.train.zoom_targets import check_target, gold_box, target_style, zoom_target
 from ssr_server.world.build import MAX_VIEW_ATTEMPTS
 from ssr_server.world.categories import MOTIFS
 from ssr_server.world.entities import Entity, Look
@@ -39,11 +38,6 @@ SIGN_LABEL = "big sign"
 SAME_PIXELS = 2.0  # mean absolute difference (0-255) under which a redrawn view is the question image
 
 
-def zoom_target(q: Question) -> str | None:
-    """What a visual question's zoom would look at ("sign", "motif"); None for the other questions."""
-    return TARGET_OF.get(q.attribute) if q.kind == "visual" else None
-
-
 def zoom_label(look: Look, target: str) -> str:
     return SIGN_LABEL if target == "sign" else MOTIFS[look.motif].count_noun
 
@@ -53,17 +47,22 @@ def view_crop(world: Path, seed: int, q: Question, picture: Image.Image) -> Crop
     again for each build attempt: the same bytes, or (another JPEG library) the same pixels."""
     name = q.image.removeprefix("views/").removesuffix(".jpg")
     data = (world / q.image).read_bytes()
-    with Image.open(io.BytesIO(data)) as img:
-        target = np.asarray(img.convert("RGB"), dtype=np.float32)
+    target: np.ndarray | None = None  # decoded only when the bytes differ
     for attempt in range(MAX_VIEW_ATTEMPTS):
         view = make_view(picture, view_seed(seed, name, attempt))
         if view.jpeg == data:
             return view.crop
-        with Image.open(io.BytesIO(view.jpeg)) as img:
-            drawn = np.asarray(img.convert("RGB"), dtype=np.float32)
+        if target is None:
+            target = _pixels(data)
+        drawn = _pixels(view.jpeg)
         if drawn.shape == target.shape and float(np.abs(drawn - target).mean()) < SAME_PIXELS:
             return view.crop
     raise WorldError(f"{q.image} is none of the views its seed draws: was {world} built by this code?")
+
+
+def _pixels(jpeg: bytes) -> np.ndarray:
+    with Image.open(io.BytesIO(jpeg)) as img:
+        return np.asarray(img.convert("RGB"), dtype=np.float32)
 
 
 def zoom_looks(world: Path, questions: Sequence[Question], entities: Sequence[Entity],
@@ -77,7 +76,7 @@ def zoom_looks(world: Path, questions: Sequence[Question], entities: Sequence[En
     out: list[Question] = []
     for q in questions:
         target = zoom_target(q)
-        if target is None or target not in wanted or any(m.action == "zoom" for m in q.moves):
+        if target not in wanted or target is None or any(m.action == "zoom" for m in q.moves):
             out.append(q)
             continue
         look = looks.get(q.entity_id)

@@ -25,7 +25,7 @@ from typing import Any
 
 from ssr_server.formats.format import PromptFormat
 from ssr_server.train.data import Example, png
-from ssr_server.train.zoom_targets import question_picture, target_style
+from ssr_server.train.zoom_targets import question_picture, target_style, zoom_target
 from ssr_server.world.closed_sets import CHARS, SHAPES
 from ssr_server.world.closed_sets import char_kind as _kind
 from ssr_server.world.entities import Entity, Look, draw_look
@@ -35,7 +35,6 @@ from ssr_server.world.views import styled_box
 
 ASPECTS = ("colour", "count", "shape", "char", "plaque")  # what a visual or detail question reads
 KNOWN, UNKNOWN = "known", "unknown"  # move drills: the same well-known entity / a never-seen look
-TARGET_OF = {"shape": "sign", "char": "sign", "count": "motif"}  # a zooming visual question's target
 
 
 @dataclass(frozen=True)
@@ -158,8 +157,8 @@ class PictureDrills:
         if len(_find(ex.ids, answer)) != 1 or (box is not None and len(_find(ex.ids, box)) != 1):
             return None
         kind = _kind(q.answer) if q.attribute == "char" else None
-        target = "plaque" if zoom is None or q.kind == "detail" else TARGET_OF[q.attribute]
-        return PictureSource(ex, e.look.motif, q.attribute, answer, box, char_kind=kind, target=target)
+        return PictureSource(ex, e.look.motif, q.attribute, answer, box, char_kind=kind,
+                             target=zoom_target(q) or "plaque")
 
     def drill(self, source: PictureSource, rng: random.Random) -> Example:
         """``source`` with a new picture and, for a reading drill, the new answer (and zoom box)."""

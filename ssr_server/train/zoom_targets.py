@@ -18,10 +18,12 @@ from PIL import Image
 from ssr_server.tools.zoom import zoom_crop
 from ssr_server.world.entities import Look
 from ssr_server.world.picture import Canvas, draw_canvas, index_picture
+from ssr_server.world.records import Question
 from ssr_server.world.scene import Box as CanvasBox
 from ssr_server.world.views import ZOOM_PAD, Crop, make_view, shift_box, styled_box, zoom_box
 
 TARGETS = ("plaque", "sign", "motif")
+TARGET_OF = {"shape": "sign", "char": "sign", "count": "motif"}  # a zooming visual question's target
 Box = tuple[int, int, int, int]  # a zoom box, 0-1000 of the picture
 
 
@@ -29,6 +31,14 @@ def check_target(target: str) -> str:
     if target not in TARGETS:
         raise ValueError(f"zoom target {target!r} is not one of {', '.join(TARGETS)}")
     return target
+
+
+def zoom_target(q: Question) -> str | None:
+    """What a question's zoom looks at: the plaque for a detail question, the sign or the motif for a
+    visual one about them (``train sft --zoom-sign/--zoom-count``); None for the others."""
+    if q.kind == "detail":
+        return "plaque"
+    return TARGET_OF.get(q.attribute) if q.kind == "visual" else None
 
 
 def canvas_box(canvas: Canvas, target: str) -> CanvasBox:
