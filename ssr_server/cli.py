@@ -582,8 +582,9 @@ def train_sft_command(
                                                      "vision` taught it); train the language model "
                                                      "only")] = False,
     zoom: Annotated[str, typer.Option(help="the zoom box of detail trajectories and drills: tight (the gold "
-                                           "box), strip (its rows, the whole width) or wide (3x its "
-                                           "width)")] = "tight",
+                                           "box), strip (its rows, the whole width), wide (3x its "
+                                           "width) or coarse (two calls: the strip, then the wide "
+                                           "columns in the strip's crop)")] = "tight",
     zoom_jitter: Annotated[float, typer.Option(min=0.0, max=3.0,
                                                help=_jitter_help("picture drills' crops"))] = 0.0,
     zoom_sign: Annotated[bool, typer.Option(help="questions about the big sign zoom on it before they answer "
@@ -651,8 +652,8 @@ def train_vision_command(
                        "(35,840 px) stay as they are, a wider zoom crop (a strip: 1024x123) gets more tokens")
     ] = None,
     zoom: Annotated[str, typer.Option(help="the plaque head reads the crop at the zoom box of this style: "
-                                           "tight (the gold box), strip (its rows, the whole width) or "
-                                           "wide (3x its width)")]
+                                           "tight (the gold box), strip (its rows, the whole width), "
+                                           "wide (3x its width; coarse reads the same crop)")]
         = "tight",
     zoom_jitter: Annotated[float, typer.Option(min=0.0, max=3.0, help=_jitter_help("the crops"))] = 0.0,
 ) -> None:

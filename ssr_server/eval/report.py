@@ -62,20 +62,32 @@ def make_record(question: Question, run: dict[str, Any] | None, error: str | Non
 
 def _zoom_on_target(question: Question, turns: Sequence[dict[str, Any]]) -> list[bool]:
     """Per zoom call of a question whose gold moves hold a zoom box: does the call's box contain the gold
-    box's centre (the plaque)? What a detail question's success rests on before any reading."""
+    box's centre (the plaque)? What a detail question's success rests on before any reading. A call into
+    an earlier call's crop (``img_idx`` > 0) is placed in the question image through that crop."""
     gold = next((m.box for m in question.moves if m.box), None)
     if gold is None:
         return []
     cx, cy = (gold[0] + gold[2]) / 2, (gold[1] + gold[3]) / 2
+    regions: dict[Any, tuple[float, ...]] = {0: (0, 0, 1000, 1000)}  # image -> its place in the question's
     hits = []
     for t in turns:
         if t.get("action_type") != "zoom":
             continue
+        args, data = t.get("arguments") or {}, t.get("tool_data") or {}
         try:  # the zoom tool's own check: a box it refuses is a miss
-            x1, y1, x2, y2 = validate_box((t.get("arguments") or {}).get("bbox_2d"))
+            box = validate_box(args.get("bbox_2d"))
         except (ToolError, TypeError):
             hits.append(False)
             continue
+        parent = regions.get(data.get("source_image", args.get("img_idx", 0)))
+        if parent is None:  # a zoom into an image that is no crop of the question's
+            hits.append(False)
+            continue
+        w, h = (parent[2] - parent[0]) / 1000, (parent[3] - parent[1]) / 1000
+        x1, y1, x2, y2 = (parent[0] + box[0] * w, parent[1] + box[1] * h,
+                          parent[0] + box[2] * w, parent[1] + box[3] * h)
+        if "image" in data:
+            regions[data["image"]] = (x1, y1, x2, y2)
         hits.append(x1 <= cx <= x2 and y1 <= cy <= y2)
     return hits
 
@@ -97,6 +109,8 @@ def _group(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "consistency": _rate(f for r in records for f in r["consistent"]),
         "zoom_calls": sum(len(r.get("zoom_on_target", [])) for r in records),
         "zoom_on_target": _rate(f for r in records for f in r.get("zoom_on_target", [])),
+        # per question that zoomed: its last call (what it read from; a coarse-to-fine run zooms twice)
+        "zoom_last_on_target": _rate(r["zoom_on_target"][-1] for r in records if r.get("zoom_on_target")),
         "candidate_mix": dict(sorted(Counter(c for r in records for c in r["chosen"] if c).items())),
         "outcomes": dict(sorted(Counter(r["outcome"] for r in records).items())),
         "reasoning_s": percentiles((x for r in records for x in r["reasoning_s"]), (50, 95)),
@@ -149,7 +163,8 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
     zoom = summary["overall"].get("zoom_calls")
     if zoom:
         lines.append(f"zoom boxes on the target (the gold box's centre inside): "
-                     f"{_pct(summary['overall']['zoom_on_target'])} of {zoom} zoom calls")
+                     f"{_pct(summary['overall']['zoom_on_target'])} of {zoom} zoom calls; the last call of "
+                     f"each question: {_pct(summary['overall'].get('zoom_last_on_target'))}")
     mix = summary["overall"]["candidate_mix"]
     if mix:
         lines.append("candidate mix: " + ", ".join(f"{k} {v}" for k, v in mix.items()))

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ssr_server.formats.format import PromptFormat
+from ssr_server.tools.zoom import zoom_crop
 from ssr_server.train.data import Example, png
 from ssr_server.train.zoom_targets import question_picture, target_style, zoom_target
 from ssr_server.world.closed_sets import CHARS, SHAPES
@@ -31,7 +32,7 @@ from ssr_server.world.closed_sets import char_kind as _kind
 from ssr_server.world.entities import Entity, Look, draw_look
 from ssr_server.world.records import Question
 from ssr_server.world.scene import Sign
-from ssr_server.world.views import styled_box
+from ssr_server.world.views import coarse_boxes, styled_box
 
 ASPECTS = ("colour", "count", "shape", "char", "plaque")  # what a visual or detail question reads
 KNOWN, UNKNOWN = "known", "unknown"  # move drills: the same well-known entity / a never-seen look
@@ -47,6 +48,7 @@ class PictureSource:
     look: Look | None = None  # KNOWN: the well-known entity's look, drawn in a fresh view
     char_kind: str | None = None  # char: "number" or "letter", as the question asks
     target: str = "plaque"  # what the zoom call (``box``) looks at (zoom_targets.TARGETS)
+    inner: tuple[int, ...] | None = None  # the "coarse" style's second zoom call (on the strip's crop)
 
 
 def _find(ids: Sequence[int], part: Sequence[int]) -> list[int]:
@@ -145,20 +147,21 @@ class PictureDrills:
         return drills
 
     def _reading(self, ex: Example, q: Question, e: Entity) -> PictureSource | None:
-        zoom = next((m for m in q.moves if m.action == "zoom"), None)  # detail; a sign under --zoom-sign
-        if len(ex.images) != (1 if zoom is None else 2):
+        # detail (two calls in the coarse style); a sign or motif under --zoom-sign / --zoom-count
+        zooms = [m for m in q.moves if m.action == "zoom"]
+        if len(ex.images) != 1 + len(zooms) or len(zooms) > 2 or not all(m.box for m in zooms):
             return None
         answer = self._answer(q.answer)
-        box = None
-        if zoom is not None:
-            if not zoom.box:
-                return None
-            box = self._enc(", ".join(str(int(v)) for v in zoom.box))
-        if len(_find(ex.ids, answer)) != 1 or (box is not None and len(_find(ex.ids, box)) != 1):
+        boxes = [self._box(m.box) for m in zooms]
+        if len(_find(ex.ids, answer)) != 1 or any(len(_find(ex.ids, b)) != 1 for b in boxes):
             return None
         kind = _kind(q.answer) if q.attribute == "char" else None
-        return PictureSource(ex, e.look.motif, q.attribute, answer, box, char_kind=kind,
-                             target=zoom_target(q) or "plaque")
+        return PictureSource(ex, e.look.motif, q.attribute, answer, boxes[0] if boxes else None,
+                             char_kind=kind, target=zoom_target(q) or "plaque",
+                             inner=boxes[1] if len(boxes) == 2 else None)
+
+    def _box(self, box: Sequence[int]) -> tuple[int, ...]:
+        return self._enc(", ".join(str(int(v)) for v in box))
 
     def drill(self, source: PictureSource, rng: random.Random) -> Example:
         """``source`` with a new picture and, for a reading drill, the new answer (and zoom box)."""
@@ -175,9 +178,16 @@ class PictureDrills:
         ids, mask = list(source.example.ids), list(source.example.mask)
         images: tuple[bytes, ...] = (png(picture, compress_level=1),)
         learnt: list[tuple[int, int]] = []  # what the new picture decides
-        if source.box is not None:  # the zoom call comes before the answer
+        if source.inner is not None:  # coarse: the strip, then the wide box on the strip's crop
+            strip, inner = coarse_boxes(box)
+            learnt.append(_swap(ids, mask, source.box, self._box(strip)))  # type: ignore[arg-type]
+            learnt.append(_swap(ids, mask, source.inner, self._box(inner)))
+            # the last crop is the picture's at the wide box (question_picture), not a crop of the strip's
+            # upscaled crop as the tool makes it: the same pixels, resampled once instead of twice
+            images += (png(zoom_crop(picture, strip), compress_level=1), png(crop, compress_level=1))
+        elif source.box is not None:  # the zoom call comes before the answer
             written = styled_box(box, target_style(source.target, self.zoom))
-            learnt.append(_swap(ids, mask, source.box, self._enc(", ".join(map(str, written)))))
+            learnt.append(_swap(ids, mask, source.box, self._box(written)))
             images += (png(crop, compress_level=1),)
         if source.answer is not None:
             learnt.append(_swap(ids, mask, source.answer, self._answer(answer_of(look, source.aspect))))

@@ -31,8 +31,8 @@ from ssr_server.formats.format import PromptFormat
 from ssr_server.library import Library
 from ssr_server.progress import progress_bar
 from ssr_server.train.data import Example, make_example
-from ssr_server.world.records import Question
-from ssr_server.world.views import check_zoom_style, styled_box
+from ssr_server.world.records import Move, Question
+from ssr_server.world.views import check_zoom_style, coarse_boxes, styled_box
 
 
 def world_texts(world: Path, questions: Sequence[Question], fmt: PromptFormat,
@@ -133,7 +133,9 @@ def _cache_path(world: Path, questions: Sequence[Question], tokenizer: Any, fmt:
     manifest = world / "manifest.json"
     h.update(manifest.read_bytes() if manifest.is_file() else str(world.resolve()).encode())
     h.update("\n".join(q.id for q in questions).encode())
-    h.update(json.dumps([m.box for q in questions for m in q.moves if m.action == "zoom"]).encode())
+    # a zoom into a crop (image_index > 0) keys too; the old keys, all on image 0, stay as they were
+    h.update(json.dumps([[m.box, m.image_index] if m.image_index else m.box
+                         for q in questions for m in q.moves if m.action == "zoom"]).encode())
     h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     h.update(json.dumps([fmt.name, fmt.system_prompt(library), list(fmt.candidate_surfaces(library)),
                          mode, list(seeds), label_only]).encode())
@@ -164,11 +166,22 @@ async def _replay(world: Path, questions: Sequence[Question], tokenizer: Any, fm
 
 def zoom_styled(questions: Sequence[Question], style: str) -> list[Question]:
     """``questions`` with every zoom move's box in the zoom ``style`` (``views.styled_box``): what the
-    oracle trajectories and picture drills then write. The world's gold boxes stay as built."""
+    oracle trajectories and picture drills then write. "coarse" makes each zoom on the question image two
+    calls (``views.coarse_boxes``): the strip, then the wide box on the strip's crop (the next image).
+    The world's gold boxes stay as built."""
     check_zoom_style(style)  # also where no question zooms
-    return [replace(q, moves=[replace(m, box=list(styled_box(m.box, style))) if m.action == "zoom" else m
-                              for m in q.moves]) if any(m.action == "zoom" for m in q.moves) else q
-            for q in questions]
+    return [replace(q, moves=[s for m in q.moves for s in _styled(m, style)])
+            if any(m.action == "zoom" for m in q.moves) else q for q in questions]
+
+
+def _styled(move: Move, style: str) -> list[Move]:
+    if move.action != "zoom":
+        return [move]
+    if style != "coarse" or move.image_index != 0:
+        return [replace(move, box=list(styled_box(move.box, style)))]
+    strip, inner = coarse_boxes(move.box)
+    # the strip's crop is image 1 of the run: the question has one image, the zoom tool numbers from 0
+    return [replace(move, box=list(strip)), replace(move, box=list(inner), image_index=1)]
 
 
 def split_questions(questions: Sequence[Question], split: str, limit: int | None,

@@ -87,7 +87,7 @@ def zoom_box(crop: Crop, plaque: Box, pad: float = ZOOM_PAD) -> tuple[int, int, 
     return box
 
 
-ZOOM_STYLES = ("tight", "strip", "wide")
+ZOOM_STYLES = ("tight", "strip", "wide", "coarse")
 WIDE = 3  # a "wide" box is this many times the gold box's width
 
 
@@ -106,16 +106,27 @@ def styled_box(box: Sequence[int], style: str) -> tuple[int, int, int, int]:
     tell): "strip" keeps the gold rows and spans the whole width, so it holds the plaque wherever it
     stands, at about half the tight crop's magnification (the zoom tool caps the crop's long side);
     "wide" keeps the rows and the centre and is ``WIDE`` times as wide (shifted to stay inside the
-    picture), a middle way: it forgives a centre off by the gold width, at a third of the magnification."""
+    picture), a middle way: it forgives a centre off by the gold width, at a third of the magnification.
+    "coarse" is two calls (``coarse_boxes``) whose second crop shows the wide box: that box is returned."""
     check_zoom_style(style)
     x1, y1, x2, y2 = (int(v) for v in box)
     if style == "strip":
         return 0, y1, 1000, y2
-    if style == "wide":
+    if style in ("wide", "coarse"):
         width = min(1000, WIDE * (x2 - x1))
         left = min(max(0, (x1 + x2) // 2 - width // 2), 1000 - width)
         return left, y1, left + width, y2
     return x1, y1, x2, y2
+
+
+def coarse_boxes(box: Sequence[int]) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """The two zoom calls of the "coarse" style for the gold ``box``: the strip (its rows across the whole
+    width; the vertical centre is what trained models get right) on the picture, then, on that strip's
+    crop, the wide box's columns over the crop's whole height. A strip spans the picture's width, so a
+    column keeps its per mille; in the strip's crop the plaque is ~4 tokens wide against ~1 in the
+    picture, which is where the horizontal place can be told."""
+    x1, _, x2, _ = styled_box(box, "wide")
+    return styled_box(box, "strip"), (x1, 0, x2, 1000)
 
 
 def shift_box(box: Sequence[int], dx: float) -> tuple[int, int, int, int]:

@@ -109,6 +109,35 @@ def test_records_judge_whether_a_zoom_box_is_on_the_plaque(world_dir: Path) -> N
     assert make_record(search, run, None, {})["gold_box"] is None
 
 
+def test_a_zoom_into_a_crop_is_judged_through_that_crop(world_dir: Path) -> None:
+    from ssr_server.world.views import coarse_boxes
+
+    q = next(q for q in load_questions(world_dir / "questions.jsonl") if q.kind == "detail")
+    gold = q.moves[0].box
+    strip, inner = coarse_boxes(gold)
+    cx = (gold[0] + gold[2]) / 2
+    turn = {"reasoning_s": 0.1, "action_s": 0.2, "reasoning_tokens": 0, "action_tokens": 4,
+            "scored_tokens": 60, "candidate_id": "r_ZOOM_DETAIL", "action_type": "zoom"}
+
+    def call(box: Any, source: int, image: int) -> dict[str, Any]:
+        return {**turn, "arguments": {"bbox_2d": list(box), "label": "plaque", "img_idx": source},
+                "tool_data": {"box": list(box), "source_image": source, "image": image}}
+
+    # the strip's crop spans the question image's width: its columns are the picture's
+    off = [0, 0, 100, 1000] if cx > 200 else [900, 0, 1000, 1000]
+    # a crop of the picture's left or right half: the same columns mean other places in the picture
+    half = [0, 0, 500, 1000] if cx > 500 else [500, 0, 1000, 1000]
+    run = {"outcome": "answered", "answer": "x", "error": None, "turns": [
+        call(strip, 0, 1), call(inner, 1, 2), call(off, 1, 3), call(half, 0, 4), call(inner, 4, 5),
+        call(gold, 7, 6)]}  # image 7 was never made: a miss
+    r = make_record(q, run, None, {})
+    assert r["zoom_on_target"] == [True, True, False, False, False, False]
+    assert summarize([r])["overall"]["zoom_last_on_target"] == 0.0
+    run["turns"] = run["turns"][:2]
+    r = make_record(q, run, None, {})
+    assert r["zoom_on_target"] == [True, True] and summarize([r])["overall"]["zoom_last_on_target"] == 1.0
+
+
 def test_limit_covers_every_kind(world_dir: Path) -> None:
     kinds = {q.kind for q in select_questions(world_dir, "test")}
     picked = select_questions(world_dir, "test", limit=len(kinds))

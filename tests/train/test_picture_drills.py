@@ -212,3 +212,42 @@ def test_strip_style_trajectories_and_drills_zoom_into_the_whole_width_at_the_go
         assert all(abs(a - b) <= a / 20 for a, b in zip(centred.size, crop.size, strict=True))
         off += centred.size != crop.size or ImageChops.difference(centred, crop).getbbox() is not None
     assert off >= 1
+
+
+def test_coarse_style_zooms_into_the_strip_then_into_its_crop_at_the_wide_columns(world_dir: Path) -> None:
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.setup import new_model, oracle_examples, zoom_styled
+    from ssr_server.world import load_questions
+    from ssr_server.world.build import world_entities
+    from ssr_server.world.views import coarse_boxes
+
+    fmt, library = get_format(), LibraryRegistry().get("default")
+    gold = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"
+            and q.kind == "detail"][:3]
+    styled = zoom_styled(gold, "coarse")
+    _, tok = new_model("64x1", world_dir, styled, fmt, library, 0)
+    examples, dropped = asyncio.run(oracle_examples(world_dir, styled, tok, fmt, library, "ssr",
+                                                    progress=False))
+    assert dropped == 0 and len(examples) == len(gold)
+    calls = r"\"bbox_2d\": (\[[^\]]*\]), \"label\": \"[^\"]*\", \"img_idx\": (\d)"
+    for q, ex in zip(gold, examples, strict=True):  # the tools made the strip's crop, then the crop of it
+        assert len(ex.images) == 3
+        written = [(json.loads(b), int(i)) for b, i in re.findall(calls, tok.decode(list(ex.ids)))]
+        assert written == [(list(b), i) for b, i in zip(coarse_boxes(q.moves[0].box), (0, 1), strict=True)]
+        strip, last = _image(ex.images[1]), _image(ex.images[2])
+        assert strip.width > 4 * strip.height and last.width < 4 * last.height
+    d = PictureDrills.of(examples, styled, world_entities(world_dir), tok, fmt, zoom="coarse")
+    assert len(d.sources) == len(gold) and all(s.inner is not None for s in d.sources)
+    for source in d.sources:
+        drill = d.drill(source, random.Random(5))
+        text = tok.decode(list(drill.ids))
+        (strip_box, i0), (inner, i1) = [(json.loads(b), int(i)) for b, i in re.findall(calls, text)]
+        assert (i0, i1) == (0, 1) and (strip_box[0], strip_box[2], inner[1], inner[3]) == (0, 1000, 0, 1000)
+        view = _image(drill.images[0])
+        at_strip = zoom_crop(view, tuple(strip_box))
+        assert ImageChops.difference(at_strip, _image(drill.images[1])).getbbox() is None
+        # the last crop: the picture at the strip's rows and the inner box's columns (resampled once)
+        once = zoom_crop(view, (inner[0], strip_box[1], inner[2], strip_box[3]))
+        assert ImageChops.difference(once, _image(drill.images[2])).getbbox() is None
+        assert len(drill.images) == 3 and drill.mask != source.example.mask

@@ -13,6 +13,7 @@ from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
 from ssr_server.train.setup import PHRASE_MIN_CHARS, new_model, prompt_phrases
 from ssr_server.world import load_questions
+from ssr_server.world.views import styled_box
 
 
 @pytest.fixture(scope="module")
@@ -72,5 +73,12 @@ def test_zoom_styled_rewrites_only_zoom_boxes_and_keys_the_example_cache(world_d
         zoom_styled(qs, "huge")
     fmt, library = get_format(), LibraryRegistry().get("default")
     _, tok = new_model("64x1", world_dir, qs, fmt, library, seed=0)
-    paths = {_cache_path(world_dir, x, tok, fmt, library, "ssr", (0,), False) for x in (qs, strip)}
-    assert len(paths) == 2  # a strip run never reads the tight run's trajectories
+    coarse = zoom_styled(qs, "coarse")
+    for before, after in zip(qs, coarse, strict=True):  # each zoom: the strip, then into the strip's crop
+        expected = [m for m0 in before.moves for m in (
+            [(m0.action, [0, m0.box[1], 1000, m0.box[3]], 0),
+             (m0.action, [styled_box(m0.box, "wide")[0], 0, styled_box(m0.box, "wide")[2], 1000], 1)]
+            if m0.action == "zoom" else [(m0.action, m0.box, m0.image_index)])]
+        assert [(m.action, m.box, m.image_index) for m in after.moves] == expected
+    paths = {_cache_path(world_dir, x, tok, fmt, library, "ssr", (0,), False) for x in (qs, strip, coarse)}
+    assert len(paths) == 3  # a strip run never reads the tight run's trajectories
