@@ -178,9 +178,9 @@ class PictureDrills:
         ids, mask = list(source.example.ids), list(source.example.mask)
         images: tuple[bytes, ...] = (png(picture, compress_level=1),)
         learnt: list[tuple[int, int]] = []  # what the new picture decides
-        if source.inner is not None:  # coarse: the strip, then the wide box on the strip's crop
+        if source.box is not None and source.inner is not None:  # coarse: the strip, then the wide box in it
             strip, inner = coarse_boxes(box)
-            learnt.append(_swap(ids, mask, source.box, self._box(strip)))  # type: ignore[arg-type]
+            learnt.append(_swap(ids, mask, source.box, self._box(strip)))
             learnt.append(_swap(ids, mask, source.inner, self._box(inner)))
             # the last crop is the picture's at the wide box (question_picture), not a crop of the strip's
             # upscaled crop as the tool makes it: the same pixels, resampled once instead of twice
