@@ -171,22 +171,33 @@ def test_a_reading_phase_is_picture_drills_of_reading_only(world_dir: Path, tmp_
     assert {e.kind for e in drills} <= {"visual", "detail"}  # no first-move drills
 
 
-def test_strip_style_trajectories_and_drills_zoom_into_the_whole_width_at_the_gold_rows(
-        world_dir: Path) -> None:
+def _styled_details(world_dir: Path, style: str) -> tuple[list[Any], list[Any], Any, Any, list[Example]]:
+    """Three training detail questions, their ``style``d copies, a tokenizer, the format and the
+    styled trajectories as the real tools replay them (none dropped)."""
     from ssr_server.formats.format import get_format
     from ssr_server.library import LibraryRegistry
     from ssr_server.train.setup import new_model, oracle_examples, zoom_styled
     from ssr_server.world import load_questions
-    from ssr_server.world.build import world_entities
 
     fmt, library = get_format(), LibraryRegistry().get("default")
     gold = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"
             and q.kind == "detail"][:3]
-    styled = zoom_styled(gold, "strip")
+    styled = zoom_styled(gold, style)
     _, tok = new_model("64x1", world_dir, styled, fmt, library, 0)
     examples, dropped = asyncio.run(oracle_examples(world_dir, styled, tok, fmt, library, "ssr",
                                                     progress=False))
     assert dropped == 0 and len(examples) == len(gold)
+    return gold, styled, tok, fmt, examples
+
+
+def test_strip_style_trajectories_and_drills_zoom_into_the_whole_width_at_the_gold_rows(
+        world_dir: Path) -> None:
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.setup import oracle_examples, zoom_styled
+    from ssr_server.world.build import world_entities
+
+    gold, styled, tok, fmt, examples = _styled_details(world_dir, "strip")
+    library = LibraryRegistry().get("default")
     for q, ex in zip(gold, examples, strict=True):
         written = json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", tok.decode(list(ex.ids)))[0])
         assert written == [0, q.moves[0].box[1], 1000, q.moves[0].box[3]]  # the world's gold box is kept
@@ -215,21 +226,10 @@ def test_strip_style_trajectories_and_drills_zoom_into_the_whole_width_at_the_go
 
 
 def test_coarse_style_zooms_into_the_strip_then_into_its_crop_at_the_wide_columns(world_dir: Path) -> None:
-    from ssr_server.formats.format import get_format
-    from ssr_server.library import LibraryRegistry
-    from ssr_server.train.setup import new_model, oracle_examples, zoom_styled
-    from ssr_server.world import load_questions
     from ssr_server.world.build import world_entities
     from ssr_server.world.views import coarse_boxes
 
-    fmt, library = get_format(), LibraryRegistry().get("default")
-    gold = [q for q in load_questions(world_dir / "questions.jsonl") if q.split == "train"
-            and q.kind == "detail"][:3]
-    styled = zoom_styled(gold, "coarse")
-    _, tok = new_model("64x1", world_dir, styled, fmt, library, 0)
-    examples, dropped = asyncio.run(oracle_examples(world_dir, styled, tok, fmt, library, "ssr",
-                                                    progress=False))
-    assert dropped == 0 and len(examples) == len(gold)
+    gold, styled, tok, fmt, examples = _styled_details(world_dir, "coarse")
     calls = r"\"bbox_2d\": (\[[^\]]*\]), \"label\": \"[^\"]*\", \"img_idx\": (\d)"
     for q, ex in zip(gold, examples, strict=True):  # the tools made the strip's crop, then the crop of it
         assert len(ex.images) == 3
