@@ -751,9 +751,17 @@ def train_grpo_command(
     seed: Annotated[int, typer.Option()] = 0,
     max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 28.0,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
+    kind: Annotated[list[str] | None, typer.Option(help="draw only questions of this kind (repeatable; "
+                                                        "default: every kind)")] = None,
+    freeze_vision: Annotated[bool, typer.Option(help="keep the vision tower as loaded")] = False,
 ) -> None:
     """GRPO through the real agent loop; SSR turns contribute one categorical ratio each."""
     from ssr_server.train.grpo import GRPOConfig, train_grpo
+    from ssr_server.world.records import KINDS
+
+    unknown = sorted(set(kind or []) - set(KINDS))
+    if unknown:
+        raise typer.BadParameter(f"--kind: {', '.join(unknown)} (kinds: {', '.join(KINDS)})")
 
     if format not in ("ssr", "freeform") or selector_grad not in ("exact", "detached") \
             or ratio_level not in ("token", "sequence"):
@@ -766,7 +774,8 @@ def train_grpo_command(
         group=group,
         epochs=epochs, lr=lr, clip=clip, gamma=gamma, selector_grad=selector_grad,  # type: ignore[arg-type]
         ratio_level=ratio_level, kl=kl, seed=seed, max_minutes=max_minutes,  # type: ignore[arg-type]
-        threads=threads, tau=tau, temperature=temperature))
+        threads=threads, tau=tau, temperature=temperature, kinds=tuple(kind or ()),
+        freeze_vision=freeze_vision))
     _report_training(figures, out)
 
 

@@ -20,7 +20,7 @@ import random
 import tempfile
 import time
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from ssr_server.train.objective import (
     selection_log_ratio,
 )
 from ssr_server.train.policy import PolicyTerms, Rollout, TurnRecord, policy_terms
-from ssr_server.train.setup import load_model, split_questions
+from ssr_server.train.setup import load_model, split_questions, trainable
 from ssr_server.world.answers import is_correct
 from ssr_server.world.records import Question, load_questions
 
@@ -77,6 +77,8 @@ class GRPOConfig:
     seed: int = 0
     max_minutes: float = 28.0
     threads: int | None = None
+    kinds: tuple[str, ...] = ()  # question kinds drawn (empty: all); groups of a solved kind teach nothing
+    freeze_vision: bool = False  # the tower stays as loaded: RL moves only how the LM uses what it sees
 
 
 async def collect(cfg: GRPOConfig, policy: Path, questions: list[Question], seed: int) -> list[Rollout]:
@@ -172,11 +174,16 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     cand_ids = ([list(c) for c in library.candidate_token_ids(tok, fmt.candidate_surfaces(library))]
                 if cfg.format == "ssr" else None)
     questions = split_questions(load_questions(cfg.world / "questions.jsonl"), "train", None, cfg.seed)
+    questions = [q for q in questions if not cfg.kinds or q.kind in cfg.kinds]
+    if len(questions) < cfg.questions:
+        raise ValueError(f"{len(questions)} training questions of kinds {cfg.kinds or 'all'}; "
+                         f"an iteration draws {cfg.questions}")
     cfg.out.mkdir(parents=True, exist_ok=True)
     write_processor_config(cfg.out, pixels)
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collator = Collator(model, processor, tok.pad_token_id or 0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    trained = trainable(model, cfg.freeze_vision)
+    optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
     config = {k: str(v) for k, v in asdict(cfg).items()}
     commands = reproduce(cfg.world, cfg.init)
     meta: dict[str, Any] = {"config": config, "command": "\n".join(commands), "commands": commands}
@@ -221,11 +228,12 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                         loss = (cfg.gamma * sel.sum() + tok_l.sum()) / max(weight, 1e-9)
                         loss.backward()  # type: ignore[no-untyped-call]
                         stats.append(st)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    torch.nn.utils.clip_grad_norm_(trained, 1.0)
                     optimizer.step()
             iteration += 1
             record = {
                 "iteration": iteration, "rollouts": len(rollouts), "trained": len(items),
+                "kinds": dict(Counter(q.kind for q in batch_qs)),
                 "reward_mean": sum(r.reward for r in rollouts) / max(1, len(rollouts)),
                 "success": sum(r.correct for r in rollouts) / max(1, len(rollouts)),
                 "rollout_s": rollout_s, "minutes": (time.perf_counter() - started) / 60,

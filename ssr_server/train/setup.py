@@ -103,6 +103,14 @@ def load_model(path: str | Path) -> tuple[Any, Any]:
     return model, AutoTokenizer.from_pretrained(path)
 
 
+def trainable(model: Any, freeze_vision: bool) -> list[torch.nn.Parameter]:
+    """The parameters an optimizer gets; a frozen vision tower (and its deepstack mergers) keeps what
+    `train vision` taught it while the language model learns to use it."""
+    if freeze_vision:
+        model.model.visual.requires_grad_(False)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 async def oracle_examples(world: Path, questions: Sequence[Question], tokenizer: Any, fmt: PromptFormat,
                           library: Library, mode: str, *, paraphrase_seeds: Sequence[int] = (0,),
                           label_only: bool = False, progress: bool = True,

@@ -33,7 +33,14 @@ from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
 from ssr_server.train.rephrase import Rephraser
 from ssr_server.train.schedule import budget_step, cosine_lr
-from ssr_server.train.setup import load_model, new_model, oracle_examples, split_questions, zoom_styled
+from ssr_server.train.setup import (
+    load_model,
+    new_model,
+    oracle_examples,
+    split_questions,
+    trainable,
+    zoom_styled,
+)
 from ssr_server.world.build import world_entities
 from ssr_server.world.records import load_questions
 
@@ -128,9 +135,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     collate = Collator(model, processor, tok.pad_token_id or 0)
     renamer = Renamer(tok, questions) if cfg.rename else None
     rephraser = Rephraser(tok, questions, cfg.rephrase) if cfg.rephrase else None
-    if cfg.freeze_vision:
-        model.model.visual.requires_grad_(False)
-    trained = [p for p in model.parameters() if p.requires_grad]
+    trained = trainable(model, cfg.freeze_vision)
     optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     config = {k: str(v) for k, v in asdict(cfg).items()}
     commands = reproduce(cfg.world, cfg.init)

@@ -93,8 +93,10 @@ def test_first_update_ratios_are_one_and_nothing_clips(rollouts: list, setup: tu
 def test_one_grpo_iteration_end_to_end(world_dir: Path, tiny_model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "grpo"
     figures = train_grpo(GRPOConfig(world=world_dir, init=tiny_model_dir, out=out, iterations=1, questions=2,
-                                    group=2, epochs=1, threads=1, max_turns=3), progress=False)
+                                    group=2, epochs=1, threads=1, max_turns=3, kinds=("detail",),
+                                    freeze_vision=True), progress=False)
     assert figures["iterations"] == 1
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert log[0]["rollouts"] == 4 and 0.0 <= log[0]["success"] <= 1.0
+    assert log[0]["kinds"] == {"detail": 2}
     assert (out / "model.safetensors").is_file() and "## Reproduce" in (out / "README.md").read_text()

@@ -11,7 +11,7 @@ import pytest
 from ssr_server.agent.escape import Escaper
 from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
-from ssr_server.train.setup import PHRASE_MIN_CHARS, new_model, prompt_phrases
+from ssr_server.train.setup import PHRASE_MIN_CHARS, load_model, new_model, prompt_phrases, trainable
 from ssr_server.world import load_questions
 from ssr_server.world.views import styled_box
 
@@ -82,3 +82,11 @@ def test_zoom_styled_rewrites_only_zoom_boxes_and_keys_the_example_cache(world_d
         assert [(m.action, m.box, m.image_index) for m in after.moves] == expected
     paths = {_cache_path(world_dir, x, tok, fmt, library, "ssr", (0,), False) for x in (qs, strip, coarse)}
     assert len(paths) == 3  # a strip run never reads the tight run's trajectories
+
+
+def test_trainable_leaves_out_exactly_the_frozen_tower(tiny_model_dir: Path) -> None:
+    model, _ = load_model(tiny_model_dir)
+    tower = {id(p) for p in model.model.visual.parameters()}
+    assert set(map(id, trainable(model, False))) == {id(p) for p in model.parameters()}
+    frozen = {id(p) for p in trainable(model, True)}
+    assert tower and not frozen & tower and frozen == {id(p) for p in model.parameters()} - tower

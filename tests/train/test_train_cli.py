@@ -50,8 +50,14 @@ def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Pat
     assert (seen[0].tau, seen[0].temperature) == (0.05, 0.5)
     result = CliRunner().invoke(app, [*base])
     assert (seen[1].tau, seen[1].temperature) == (1.0, 1.0)  # the defaults
+    assert (seen[1].kinds, seen[1].freeze_vision) == ((), False)
     result = CliRunner().invoke(app, [*base, "--tau", "0"])
     assert result.exit_code == 2 and "--tau" in result.output and len(seen) == 2
+    result = CliRunner().invoke(app, [*base, "--kind", "detail", "--kind", "visual", "--freeze-vision"])
+    assert result.exit_code == 0, result.output
+    assert (seen[2].kinds, seen[2].freeze_vision) == (("detail", "visual"), True)
+    result = CliRunner().invoke(app, [*base, "--kind", "details"])
+    assert result.exit_code == 2 and "details" in result.output and len(seen) == 3
 
 
 def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
