@@ -754,14 +754,23 @@ def train_grpo_command(
     kind: Annotated[list[str] | None, typer.Option(help="draw only questions of this kind (repeatable; "
                                                         "default: every kind)")] = None,
     freeze_vision: Annotated[bool, typer.Option(help="keep the vision tower as loaded")] = False,
+    anchor: Annotated[float, typer.Option(min=0.0, help="weight of an SFT anchor: the oracle "
+                                                        "trajectories' cross-entropy (every kind) added "
+                                                        "at each step")] = 0.0,
+    anchor_batch: Annotated[int, typer.Option(min=1, help="anchor trajectories per step")] = 16,
+    anchor_zoom: Annotated[str, typer.Option(help="zoom style of the anchor's trajectories (the one the "
+                                                  "model was trained on)")] = "tight",
 ) -> None:
     """GRPO through the real agent loop; SSR turns contribute one categorical ratio each."""
     from ssr_server.train.grpo import GRPOConfig, train_grpo
     from ssr_server.world.records import KINDS
+    from ssr_server.world.views import ZOOM_STYLES
 
     unknown = sorted(set(kind or []) - set(KINDS))
     if unknown:
         raise typer.BadParameter(f"--kind: {', '.join(unknown)} (kinds: {', '.join(KINDS)})")
+    if anchor_zoom not in ZOOM_STYLES:
+        raise typer.BadParameter(f"--anchor-zoom: one of {', '.join(ZOOM_STYLES)}")
 
     if format not in ("ssr", "freeform") or selector_grad not in ("exact", "detached") \
             or ratio_level not in ("token", "sequence"):
@@ -775,7 +784,7 @@ def train_grpo_command(
         epochs=epochs, lr=lr, clip=clip, gamma=gamma, selector_grad=selector_grad,  # type: ignore[arg-type]
         ratio_level=ratio_level, kl=kl, seed=seed, max_minutes=max_minutes,  # type: ignore[arg-type]
         threads=threads, tau=tau, temperature=temperature, kinds=tuple(kind or ()),
-        freeze_vision=freeze_vision))
+        freeze_vision=freeze_vision, anchor=anchor, anchor_batch=anchor_batch, anchor_zoom=anchor_zoom))
     _report_training(figures, out)
 
 

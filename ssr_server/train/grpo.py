@@ -33,6 +33,7 @@ from ssr_server.eval.trajectories import question_image, world_tools
 from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
 from ssr_server.progress import progress_bar
+from ssr_server.train.anchor import SFTAnchor
 from ssr_server.train.checkpoint import latest_checkpoint, reproduce, resume, save_checkpoint, write_card
 from ssr_server.train.data import Collator, Example, png
 from ssr_server.train.objective import (
@@ -79,6 +80,9 @@ class GRPOConfig:
     threads: int | None = None
     kinds: tuple[str, ...] = ()  # question kinds drawn (empty: all); groups of a solved kind teach nothing
     freeze_vision: bool = False  # the tower stays as loaded: RL moves only how the LM uses what it sees
+    anchor: float = 0.0  # weight of the SFT anchor (oracle trajectories of every kind) per optimizer step
+    anchor_batch: int = 16
+    anchor_zoom: str = "tight"  # the zoom style of the anchor's trajectories: the one the model learnt
 
 
 async def collect(cfg: GRPOConfig, policy: Path, questions: list[Question], seed: int) -> list[Rollout]:
@@ -173,8 +177,8 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     library = LibraryRegistry().get("default")
     cand_ids = ([list(c) for c in library.candidate_token_ids(tok, fmt.candidate_surfaces(library))]
                 if cfg.format == "ssr" else None)
-    questions = split_questions(load_questions(cfg.world / "questions.jsonl"), "train", None, cfg.seed)
-    questions = [q for q in questions if not cfg.kinds or q.kind in cfg.kinds]
+    train_qs = split_questions(load_questions(cfg.world / "questions.jsonl"), "train", None, cfg.seed)
+    questions = [q for q in train_qs if not cfg.kinds or q.kind in cfg.kinds]
     if len(questions) < cfg.questions:
         raise ValueError(f"{len(questions)} training questions of kinds {cfg.kinds or 'all'}; "
                          f"an iteration draws {cfg.questions}")
@@ -182,6 +186,8 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     write_processor_config(cfg.out, pixels)
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collator = Collator(model, processor, tok.pad_token_id or 0)
+    anchor = (SFTAnchor.of(cfg.world, train_qs, tok, fmt, library, cfg.format, cfg.anchor_zoom, cfg.anchor,
+                           cfg.anchor_batch) if cfg.anchor > 0 else None)
     trained = trainable(model, cfg.freeze_vision)
     optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
     config = {k: str(v) for k, v in asdict(cfg).items()}
@@ -213,10 +219,13 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                         if reference is not None else {})
             model.train()
             stats: list[dict[str, float]] = []
+            anchor_losses: list[float] = []
             for _ in range(cfg.epochs):
                 rng.shuffle(items)
-                for i in range(0, len(items), cfg.minibatch):
-                    mb = items[i : i + cfg.minibatch]
+                # with an anchor, a batch whose groups all agree still takes one (anchor-only) step
+                minibatches = ([items[i : i + cfg.minibatch] for i in range(0, len(items), cfg.minibatch)]
+                               or ([[]] if anchor is not None else []))
+                for mb in minibatches:
                     weight = sum(cfg.gamma * len(olds[r.key].scores)
                                  + sum(t.numel() for t in olds[r.key].token_logps) for r in mb)
                     optimizer.zero_grad(set_to_none=True)
@@ -228,12 +237,17 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
                         loss = (cfg.gamma * sel.sum() + tok_l.sum()) / max(weight, 1e-9)
                         loss.backward()  # type: ignore[no-untyped-call]
                         stats.append(st)
+                    if anchor is not None:
+                        anchor_loss, _ = anchor.loss(model, collator, rng)
+                        anchor_loss.backward()  # type: ignore[no-untyped-call]
+                        anchor_losses.append(float(anchor_loss.detach()) / cfg.anchor)
                     torch.nn.utils.clip_grad_norm_(trained, 1.0)
                     optimizer.step()
             iteration += 1
             record = {
                 "iteration": iteration, "rollouts": len(rollouts), "trained": len(items),
                 "kinds": dict(Counter(q.kind for q in batch_qs)),
+                "anchor_ce": sum(anchor_losses) / len(anchor_losses) if anchor_losses else None,
                 "reward_mean": sum(r.reward for r in rollouts) / max(1, len(rollouts)),
                 "success": sum(r.correct for r in rollouts) / max(1, len(rollouts)),
                 "rollout_s": rollout_s, "minutes": (time.perf_counter() - started) / 60,

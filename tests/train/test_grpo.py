@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ssr_server.train.grpo import GRPOConfig, collect, rollout_loss, train_grpo, with_advantages
 from ssr_server.train.policy import Rollout, policy_terms
@@ -94,9 +95,15 @@ def test_one_grpo_iteration_end_to_end(world_dir: Path, tiny_model_dir: Path, tm
     out = tmp_path / "grpo"
     figures = train_grpo(GRPOConfig(world=world_dir, init=tiny_model_dir, out=out, iterations=1, questions=2,
                                     group=2, epochs=1, threads=1, max_turns=3, kinds=("detail",),
-                                    freeze_vision=True), progress=False)
+                                    freeze_vision=True, anchor=1.0, anchor_batch=2), progress=False)
     assert figures["iterations"] == 1
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert log[0]["rollouts"] == 4 and 0.0 <= log[0]["success"] <= 1.0
     assert log[0]["kinds"] == {"detail": 2}
+    assert 0.0 < log[0]["anchor_ce"] < 20.0  # the oracle trajectories' cross-entropy under the model
     assert (out / "model.safetensors").is_file() and "## Reproduce" in (out / "README.md").read_text()
+    # the anchor steps even when every group agrees: the language model moved, the frozen tower did not
+    before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(out / "model.safetensors")
+    tower = [k for k in before if ".visual." in k]
+    assert tower and all(torch.equal(before[k], after[k]) for k in tower)
+    assert any(not torch.equal(before[k], after[k]) for k in before if ".language_model." in k)

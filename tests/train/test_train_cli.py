@@ -56,8 +56,13 @@ def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Pat
     result = CliRunner().invoke(app, [*base, "--kind", "detail", "--kind", "visual", "--freeze-vision"])
     assert result.exit_code == 0, result.output
     assert (seen[2].kinds, seen[2].freeze_vision) == (("detail", "visual"), True)
-    result = CliRunner().invoke(app, [*base, "--kind", "details"])
-    assert result.exit_code == 2 and "details" in result.output and len(seen) == 3
+    assert (seen[2].anchor, seen[2].anchor_zoom) == (0.0, "tight")
+    result = CliRunner().invoke(app, [*base, "--anchor", "0.5", "--anchor-zoom", "wide"])
+    assert result.exit_code == 0, result.output
+    assert (seen[3].anchor, seen[3].anchor_batch, seen[3].anchor_zoom) == (0.5, 16, "wide")
+    for bad in (["--kind", "details"], ["--anchor-zoom", "wider"], ["--anchor", "-1"]):
+        result = CliRunner().invoke(app, [*base, *bad])
+        assert result.exit_code == 2 and bad[0] in result.output and len(seen) == 4, bad
 
 
 def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
