@@ -760,6 +760,10 @@ def train_grpo_command(
     anchor_batch: Annotated[int, typer.Option(min=1, help="anchor trajectories per step")] = 16,
     anchor_zoom: Annotated[str, typer.Option(help="zoom style of the anchor's trajectories (the one the "
                                                   "model was trained on)")] = "tight",
+    anchor_rename: Annotated[bool, typer.Option(help="rename the anchor's entities (as `train sft "
+                                                     "--rename`)")] = False,
+    anchor_rephrase: Annotated[float, typer.Option(min=0.0, max=1.0, help="share of the anchor's "
+                                                   "questions rephrased (as `train sft --rephrase`)")] = 0.0,
 ) -> None:
     """GRPO through the real agent loop; SSR turns contribute one categorical ratio each."""
     from ssr_server.train.grpo import GRPOConfig, train_grpo
@@ -784,7 +788,8 @@ def train_grpo_command(
         epochs=epochs, lr=lr, clip=clip, gamma=gamma, selector_grad=selector_grad,  # type: ignore[arg-type]
         ratio_level=ratio_level, kl=kl, seed=seed, max_minutes=max_minutes,  # type: ignore[arg-type]
         threads=threads, tau=tau, temperature=temperature, kinds=tuple(kind or ()),
-        freeze_vision=freeze_vision, anchor=anchor, anchor_batch=anchor_batch, anchor_zoom=anchor_zoom))
+        freeze_vision=freeze_vision, anchor=anchor, anchor_batch=anchor_batch, anchor_zoom=anchor_zoom,
+        anchor_rename=anchor_rename, anchor_rephrase=anchor_rephrase))
     _report_training(figures, out)
 
 

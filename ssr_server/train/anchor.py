@@ -22,6 +22,8 @@ import torch
 from ssr_server.formats.format import PromptFormat
 from ssr_server.library import Library
 from ssr_server.train.data import Collator, Example, token_logits
+from ssr_server.train.rename import Renamer
+from ssr_server.train.rephrase import Rephraser
 from ssr_server.train.setup import oracle_examples, zoom_styled
 from ssr_server.world.records import Question
 
@@ -31,10 +33,13 @@ class SFTAnchor:
     examples: tuple[Example, ...]
     weight: float
     batch_size: int
+    renamer: Renamer | None = None  # the augmentations the model was trained with: without them the
+    rephraser: Rephraser | None = None  # anchor holds the training phrasings and names only
 
     @classmethod
     def of(cls, world: Path, questions: Sequence[Question], tokenizer: Any, fmt: PromptFormat,
-           library: Library, mode: str, zoom: str, weight: float, batch_size: int) -> SFTAnchor:
+           library: Library, mode: str, zoom: str, weight: float, batch_size: int, rename: bool = False,
+           rephrase: float = 0.0) -> SFTAnchor:
         """The oracle trajectories of ``questions`` (boxes in the ``zoom`` style the model was trained
         on), from the example cache ``train sft`` keeps when it already holds them."""
         styled = zoom_styled(questions, zoom)
@@ -42,11 +47,17 @@ class SFTAnchor:
                                                   progress=False, cache=True))
         if not examples:
             raise ValueError("the SFT anchor has no oracle trajectory to draw")
-        return cls(tuple(examples), weight, batch_size)
+        return cls(tuple(examples), weight, batch_size, Renamer(tokenizer, styled) if rename else None,
+                   Rephraser(tokenizer, styled, rephrase) if rephrase else None)
 
     def loss(self, model: Any, collate: Collator, rng: random.Random) -> tuple[torch.Tensor, int]:
         """weight x the mean cross-entropy over the assistant tokens of ``batch_size`` drawn trajectories;
         the number of predicted tokens."""
-        batch = collate(rng.sample(self.examples, min(self.batch_size, len(self.examples))))
+        drawn = rng.sample(self.examples, min(self.batch_size, len(self.examples)))
+        if self.rephraser is not None:  # before renaming, as in `train sft`: it finds the question as written
+            drawn = self.rephraser(drawn, rng)
+        if self.renamer is not None:
+            drawn = self.renamer(drawn, rng)
+        batch = collate(drawn)
         ce = torch.nn.functional.cross_entropy(token_logits(model, batch), batch.targets)
         return self.weight * ce, batch.predicted

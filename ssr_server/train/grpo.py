@@ -83,6 +83,8 @@ class GRPOConfig:
     anchor: float = 0.0  # weight of the SFT anchor (oracle trajectories of every kind) per optimizer step
     anchor_batch: int = 16
     anchor_zoom: str = "tight"  # the zoom style of the anchor's trajectories: the one the model learnt
+    anchor_rename: bool = False  # the anchor's trajectories renamed and rephrased as in `train sft`
+    anchor_rephrase: float = 0.0
 
 
 async def collect(cfg: GRPOConfig, policy: Path, questions: list[Question], seed: int) -> list[Rollout]:
@@ -187,7 +189,8 @@ def train_grpo(cfg: GRPOConfig, progress: bool = True) -> dict[str, Any]:
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collator = Collator(model, processor, tok.pad_token_id or 0)
     anchor = (SFTAnchor.of(cfg.world, train_qs, tok, fmt, library, cfg.format, cfg.anchor_zoom, cfg.anchor,
-                           cfg.anchor_batch) if cfg.anchor > 0 else None)
+                           cfg.anchor_batch, cfg.anchor_rename, cfg.anchor_rephrase)
+              if cfg.anchor > 0 else None)
     trained = trainable(model, cfg.freeze_vision)
     optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
     config = {k: str(v) for k, v in asdict(cfg).items()}

@@ -95,7 +95,8 @@ def test_one_grpo_iteration_end_to_end(world_dir: Path, tiny_model_dir: Path, tm
     out = tmp_path / "grpo"
     figures = train_grpo(GRPOConfig(world=world_dir, init=tiny_model_dir, out=out, iterations=1, questions=2,
                                     group=2, epochs=1, threads=1, max_turns=3, kinds=("detail",),
-                                    freeze_vision=True, anchor=1.0, anchor_batch=2), progress=False)
+                                    freeze_vision=True, anchor=1.0, anchor_batch=2, anchor_rename=True,
+                                    anchor_rephrase=0.5), progress=False)
     assert figures["iterations"] == 1
     log = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     assert log[0]["rollouts"] == 4 and 0.0 <= log[0]["success"] <= 1.0

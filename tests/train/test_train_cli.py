@@ -57,9 +57,11 @@ def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Pat
     assert result.exit_code == 0, result.output
     assert (seen[2].kinds, seen[2].freeze_vision) == (("detail", "visual"), True)
     assert (seen[2].anchor, seen[2].anchor_zoom) == (0.0, "tight")
-    result = CliRunner().invoke(app, [*base, "--anchor", "0.5", "--anchor-zoom", "wide"])
+    result = CliRunner().invoke(app, [*base, "--anchor", "0.5", "--anchor-zoom", "wide", "--anchor-rename",
+                                      "--anchor-rephrase", "0.5"])
     assert result.exit_code == 0, result.output
     assert (seen[3].anchor, seen[3].anchor_batch, seen[3].anchor_zoom) == (0.5, 16, "wide")
+    assert (seen[3].anchor_rename, seen[3].anchor_rephrase, seen[2].anchor_rename) == (True, 0.5, False)
     for bad in (["--kind", "details"], ["--anchor-zoom", "wider"], ["--anchor", "-1"]):
         result = CliRunner().invoke(app, [*base, *bad])
         assert result.exit_code == 2 and bad[0] in result.output and len(seen) == 4, bad
