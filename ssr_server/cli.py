@@ -240,6 +240,23 @@ def bench_batching(
     typer.echo(format_batching(result))
 
 
+@bench_app.command("logprobs")
+def bench_logprobs(
+    model: Annotated[str | None, typer.Option(help="model dir (default: the tiny VL model)")] = None,
+    shape: Annotated[str | None, typer.Option(help="0.6b: a random Qwen3 of 0.6B shape in memory")] = None,
+    dtype: Annotated[str, typer.Option(help="fp32 | bf16")] = "fp32",
+    rows: Annotated[int, typer.Option(min=1, help="candidate tokens (357: one selection of six)")] = 357,
+    repeats: Annotated[int, typer.Option(min=1)] = 5,
+    json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+) -> None:
+    """A selection's log-probabilities through the output head: whole logits vs the engine's blockwise."""
+    from ssr_server.bench.logprobs import format_logprobs, run_logprobs_bench
+    from ssr_server.bench.scoring import _load
+
+    result = run_logprobs_bench(_load(model, shape, dtype), rows, repeats, json_path)
+    typer.echo(format_logprobs(result))
+
+
 @bench_app.command("overload")
 def bench_overload(
     running: Annotated[int, typer.Option(help="SSR_MAX_CONCURRENT_RUNS of the server")] = 16,

@@ -114,7 +114,8 @@ def test_long_prefill_is_chunked_between_decode_steps(make_engine: Callable[...,
     submit(engine, score)
     first = len(tap.forwards)
     engine.scheduler.run_until_idle()
-    during = [f for f in tap.forwards[first:] if any(len(c.ids) > 1 and not c.logits_rows for c in f)]
+    during = [f for f in tap.forwards[first:]  # forwards holding a prefill chunk that is not the last
+              if any(len(c.ids) > 1 and not c.logits_rows and not c.self_logprobs for c in f)]
     assert len(during) >= 300 // 32 - 1  # the prefill went in many chunks ...
     for f in during:  # ... each at most the chunk size, each beside one decode step of the other run
         assert sum(1 for c in f if len(c.ids) == 1) == 1
@@ -140,7 +141,7 @@ def test_paced_chunks_follow_measured_costs(make_engine: Callable[..., TorchEngi
     submit(engine, ScoreJob(long_context(tok, 300), candidates=candidates[:1]))
     engine.scheduler.run_until_idle()
     sizes = [len(c.ids) for f in tap.forwards if len(f) == 2  # a decode step + a prefill chunk
-             for c in f if len(c.ids) > 1 and len(c.logits_rows) <= 1]
+             for c in f if len(c.ids) > 1 and not c.self_logprobs]
     assert sizes and sizes[0] == 4 and max(sizes) <= 64
     assert all(b <= 2 * a for a, b in itertools.pairwise(sizes))  # grows at most 2x
 
@@ -378,7 +379,7 @@ def test_concurrent_contexts_share_a_long_prefix_once(make_engine: Callable[...,
         got = j.future.result()
         assert isinstance(got, list) and max_diff(got, runner.naive_score(c, candidates[:2])) <= TOL
     computed = sum(len(ch.ids) for f in tap.forwards for ch in f
-                   if len(ch.logits_rows) <= 1 and len(ch.ids) > 1)  # prefill chunks (not candidates)
+                   if not ch.self_logprobs and len(ch.ids) > 1)  # prefill chunks (not candidates)
     tails = sum(len(c) - len(prompt) for c in ctxs[1:])
     assert computed <= len(ctxs[0]) + tails  # not 3 x 200
     for j in jobs[1:]:

@@ -12,14 +12,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ssr_server.engine.base import CandidateScore, Context, ImageRef
+from ssr_server.engine.torch.cpu_bf16 import install_fp32_matmul
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import LoadedModel
 from ssr_server.engine.torch.prefix_cache import PrefixCache
 from ssr_server.engine.torch.runner import ModelRunner
+from ssr_server.engine.torch.scoring import token_logprobs
 from ssr_server.errors import InvalidRequest
 
 TOL = 1e-4
@@ -309,3 +312,26 @@ def test_scoring_bench_smoke(tiny_dir: Path, tmp_path: Path) -> None:
     assert "packed/naive" in table and "PASS" in table
     with pytest.raises(NotImplementedError):
         run_scoring_bench(None, None, "fp32", 1, None, engine="sglang")
+
+
+@pytest.mark.parametrize("case", ["fp32", "fp32 with bias", "bf16", "bf16 routed to fp32"])
+def test_token_logprobs_blockwise_equals_log_softmax(case: str) -> None:
+    """The forward's own log-probabilities (a block of the vocabulary at a time, online log-sum-exp) are
+    the log-softmax's of the head's own logits, for any block size; the hidden states are left as they
+    were. A bf16 head that ``cpu_bf16`` routes through the fp32 kernel multiplies in fp32 here too."""
+    g = torch.Generator().manual_seed(0)
+    dtype = torch.bfloat16 if case.startswith("bf16") else torch.float32
+    head = torch.nn.Linear(24, 50, bias=case == "fp32 with bias").to(dtype)
+    if case == "bf16 routed to fp32":
+        assert install_fp32_matmul(torch.nn.Sequential(head), min_rows=8) == 1
+    hidden = torch.randn(37, 24, generator=g).to(dtype)
+    before = hidden.clone()
+    targets = torch.randint(0, 50, (37,), generator=g)
+    logits = head(hidden).float() if case != "bf16 routed to fp32" else \
+        torch.nn.functional.linear(hidden.float(), head.weight.float())  # the route's fp32, unrounded
+    ref = torch.log_softmax(logits, dim=-1).gather(1, targets.view(-1, 1))[:, 0]
+    for block in (1, 7, 16, 50, 4096):  # one word at a time, blocks with a short last one, all at once
+        got = token_logprobs(head, hidden, targets, vocab_block=block)
+        assert got.dtype == torch.float32 and got.shape == (37,)
+        assert torch.allclose(got, ref, atol=1e-5), (block, (got - ref).abs().max())
+    assert torch.equal(hidden, before)

@@ -44,6 +44,12 @@ def _forward(self: nn.Linear, x: torch.Tensor, min_rows: int) -> torch.Tensor:
     return F.linear(x, self.weight, self.bias)
 
 
+def fp32_rows(module: nn.Module) -> int | None:
+    """The row count from which ``module`` multiplies in fp32 (None: it is not routed)."""
+    rows = getattr(module, "ssr_fp32_min_rows", None)
+    return int(rows) if rows is not None else None
+
+
 def install_fp32_matmul(model: Any, min_rows: int = 8) -> int:
     """Route every bf16 ``nn.Linear`` of ``model`` through the fp32 kernel for >= ``min_rows`` rows."""
     count = 0
@@ -51,6 +57,7 @@ def install_fp32_matmul(model: Any, min_rows: int = 8) -> int:
         if isinstance(module, nn.Linear) and module.weight.dtype == torch.bfloat16:
             module.forward = types.MethodType(  # type: ignore[method-assign]
                 lambda self, x, _r=min_rows: _forward(self, x, _r), module)
+            setattr(module, "ssr_fp32_min_rows", min_rows)  # noqa: B010 (for code that multiplies by the weight itself)
             count += 1
     model.ssr_fp32_matmul_layers = count  # visible to benchmarks and logs
     return count

@@ -29,7 +29,7 @@ from ssr_server.engine.torch.kv import SeqKV
 from ssr_server.engine.torch.loader import LoadedModel
 from ssr_server.engine.torch.multimodal import Expanded, ImageCache, expand, images_in, positions, safe_cut
 from ssr_server.engine.torch.prefix_cache import CacheEntry, PrefixCache
-from ssr_server.engine.torch.scoring import candidate_positions, score_chunks, score_results
+from ssr_server.engine.torch.scoring import candidate_positions, chunk_logprobs, score_chunks, score_results
 from ssr_server.errors import ContextTooLong, EngineError, InvalidRequest
 
 
@@ -46,6 +46,9 @@ class Chunk:
     # Also attends to the first chunk of its segment: candidates scored in the very forward that
     # prefills their context's new tokens (see ``fused_score_chunks``).
     sees_first: bool = False
+    # Also return log p(ids[r + 1] | up to row r) for every row but the last: a candidate teacher-forced
+    # on its own tokens, without its (t, vocab) logits (see ``scoring.token_logprobs``).
+    self_logprobs: bool = False
 
 
 @dataclass
@@ -54,6 +57,7 @@ class ChunkOut:
     keys: list[torch.Tensor]  # per layer (1, kv_heads, t, head_dim): views, copy to keep
     values: list[torch.Tensor]
     inplace: bool  # the keys/values were written into the past's spare capacity
+    logprobs: torch.Tensor | None = None  # (t - 1,) float32, for a chunk with ``self_logprobs``
 
 
 @dataclass
@@ -137,13 +141,14 @@ class ModelRunner:
             logits = lm.lm_head(hidden[torch.tensor(rows, dtype=torch.long, device=dev)]).float()
         else:
             logits = hidden.new_zeros((0, self.vocab_size), dtype=torch.float32)
+        own = chunk_logprobs(lm.lm_head, chunks, hidden)
         inplace = {s.start + a: s.inplace for s in segs for a, _ in s.bounds}
         results: list[ChunkOut] = []
         o = r = 0
         for c in chunks:
             t, n = len(c.ids), len(c.logits_rows)
             keys, values = cache.new_kv(o, o + t)
-            results.append(ChunkOut(logits[r : r + n], keys, values, inplace[o]))
+            results.append(ChunkOut(logits[r : r + n], keys, values, inplace[o], own.get(o)))
             o += t
             r += n
         return results
@@ -260,7 +265,7 @@ class ModelRunner:
     def score_chunks(self, jobs: list[tuple[CacheEntry, list[list[int]]]]) -> list[Chunk]:
         """One chunk per candidate, on its context's cached KV (positions restart after the context)."""
         dims = 3 if self.lm.is_vl else 1
-        return [Chunk(e.kv, ids, pos, rows, past_len=e.kv.length)
+        return [Chunk(e.kv, ids, pos, rows, past_len=e.kv.length, self_logprobs=True)
                 for e, ids, pos, rows in score_chunks(jobs, dims, self.device)]
 
     def fused_score_chunks(self, p: Prepared, candidates: list[list[int]]) -> list[Chunk]:
@@ -274,8 +279,8 @@ class ModelRunner:
         chunks = [rest]
         for cand in candidates:
             pos = candidate_positions(rest.next_pos, len(cand), dims, self.device)
-            chunks.append(Chunk(p.kv, list(cand), pos, list(range(len(cand))), past_len=rest.past_len,
-                                sees_first=True))
+            chunks.append(Chunk(p.kv, list(cand), pos, [len(cand) - 1], past_len=rest.past_len,
+                                sees_first=True, self_logprobs=True))
         return chunks
 
     def score_results(self, jobs: list[tuple[CacheEntry, list[list[int]]]], outs: list[ChunkOut],
