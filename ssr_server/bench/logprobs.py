@@ -11,7 +11,7 @@ tokens, or a multiple: N runs in one forward) and the model's own head:
 
 Reported: the median ms of each (interleaved repeats, so machine noise hits both alike), their ratio,
 the largest difference between the two, and the bytes of the largest float32 tensors each creates,
-computed from the shapes (a CPU has no allocator counter to read; the README gives a peak-RSS figure).
+computed from the shapes (a CPU has no allocator counter to read).
 Printed, never asserted.
 """
 

@@ -25,6 +25,7 @@ ScoreJobs = list[tuple[CacheEntry, list[list[int]]]]
 # Words of the output head computed at once by ``token_logprobs``: (rows, 8192) float32 logits at a time.
 VOCAB_BLOCK = 8192
 
+
 def score_chunks(jobs: ScoreJobs, dims: int, device: torch.device,
                  ) -> Iterator[tuple[CacheEntry, list[int], torch.Tensor, list[int]]]:
     """(entry, ids, positions (dims, k), logits rows: the last) of every candidate of every job, in order."""
@@ -35,18 +36,17 @@ def score_chunks(jobs: ScoreJobs, dims: int, device: torch.device,
 
 
 @torch.inference_mode()
-def token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+def token_logprobs(head: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor,
                    vocab_block: int = VOCAB_BLOCK) -> torch.Tensor:
     """(n,) float32 log p(targets[r] | hidden[r]) for hidden (n, d), targets (n,) long: the same figures
     as ``log_softmax(head(hidden)).gather(targets)``, to float rounding.
 
     The head runs one block of the vocabulary at a time with an online log-sum-exp (a running max and
-    sum, as flash attention keeps over keys): the (n, vocab) logits never exist whole (a selection on
-    Qwen3's 151,936 words held three copies of them, ~350 MB), and the head's weight is still read
-    once whatever n (blocks of rows would read it once per block). A head that ``cpu_bf16`` routes
-    through the fp32 kernel multiplies in fp32 here too, from the same row count."""
-    if not isinstance(head, torch.nn.Linear):  # not a plain projection: its logits whole, then the same
-        return token_logprobs_of(head(hidden).float(), targets)
+    sum, as flash attention keeps over keys): the (n, vocab) logits never exist whole (on Qwen3's
+    151,936 words, 207 MiB per copy for one selection's 357 rows; the engine held three), and the
+    head's weight is still read once whatever n (blocks of rows would read it once per block). A
+    head that ``cpu_bf16`` routes through the fp32 kernel multiplies in fp32 here too, from the same
+    row count."""
     weight, bias = head.weight, head.bias  # (vocab, d), (vocab,) or None
     n, vocab = int(targets.shape[0]), int(weight.shape[0])
     routed = fp32_rows(head)
@@ -68,7 +68,7 @@ def token_logprobs(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.T
     return picked - (top + total.log())
 
 
-def chunk_logprobs(head: torch.nn.Module, chunks: Sequence[Any], hidden: torch.Tensor,
+def chunk_logprobs(head: torch.nn.Linear, chunks: Sequence[Any], hidden: torch.Tensor,
                    ) -> dict[int, torch.Tensor]:
     """Per offset in the packed row, the log-probabilities of its own tokens for every runner ``Chunk``
     that asks (``self_logprobs``): (t - 1,) each, all of them from one ``token_logprobs`` pass over
@@ -89,13 +89,6 @@ def chunk_logprobs(head: torch.nn.Module, chunks: Sequence[Any], hidden: torch.T
     lp = token_logprobs(head, hidden[torch.tensor(rows, dtype=torch.long, device=dev)],
                         torch.tensor(targets, dtype=torch.long, device=dev))  # (sum of t - 1,)
     return {o: lp[a:b] for o, (a, b) in spans.items()}
-
-
-def token_logprobs_of(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """(n,) log p(targets[r]) from float32 logits (n, vocab), overwritten (exponentials in place)."""
-    picked = logits.gather(1, targets.view(-1, 1))[:, 0]
-    top = logits.amax(dim=-1, keepdim=True)
-    return picked - (top[:, 0] + logits.sub_(top).exp_().sum(dim=-1).log_())
 
 
 def candidate_positions(start: int, k: int, dims: int, device: torch.device) -> torch.Tensor:
