@@ -14,12 +14,11 @@ from typing import Any
 
 from ssr_server.agent.actions import allowed_actions
 from ssr_server.errors import ToolError
+from ssr_server.eval.compare import wilson
 from ssr_server.summary import percentiles
 from ssr_server.tools.zoom import validate_box
 from ssr_server.world.answers import is_correct
-from ssr_server.world.records import MOVE_ACTIONS, Question
-
-_DISPLAY_KINDS = ("search", "named", "visual", "detail", "knowledge", "two_hop")
+from ssr_server.world.records import KINDS, MOVE_ACTIONS, Question
 
 
 def make_record(question: Question, run: dict[str, Any] | None, error: str | None,
@@ -101,6 +100,7 @@ def _group(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {
         "questions": len(records),
         "success": _rate(r["correct"] for r in records),
+        "success_ci95": list(wilson(sum(bool(r["correct"]) for r in records), len(records))),
         "answered": _rate(r["outcome"] == "answered" for r in records),
         "failed": sum(r["outcome"] == "failed" for r in records),
         "turns_mean": _mean(r["turns"] for r in records),
@@ -128,7 +128,7 @@ def _mean(values: Iterable[float]) -> float | None:
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per kind and overall; with ``phrasing`` (records that say whether their question's phrasing is one
     the training split never uses) also per phrasing: what generalises beyond the training templates."""
-    kinds = sorted({r["kind"] for r in records}, key=lambda k: (*_DISPLAY_KINDS, k).index(k))
+    kinds = sorted({r["kind"] for r in records}, key=lambda k: (*KINDS, k).index(k))
     out = {"overall": _group(records), "kinds": {k: _group([r for r in records if r["kind"] == k])
                                                   for k in kinds}}
     if records and all("heldout" in r for r in records):  # eval JSONs written before it lack the flag
@@ -160,6 +160,11 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
             f"{_ms(g['action_s'], 'mean') + ' / ' + _ms(g['action_s'], 'p95'):>19} "
             f"{_ms(g['model_s'], 'mean') + ' / ' + _ms(g['model_s'], 'p95'):>18} "
             f"{g['generated_tokens_mean'] or 0:>8.1f}")
+    overall = summary["overall"]
+    if overall.get("success_ci95") and overall["questions"]:
+        low, high = overall["success_ci95"]
+        lines.append(f"overall success {_pct(overall['success'])}, 95% interval {_pct(low)} - {_pct(high)} "
+                      f"(Wilson, {overall['questions']} questions; `ssr-server compare` pairs two evals)")
     zoom = summary["overall"].get("zoom_calls")
     if zoom:
         lines.append(f"zoom boxes on the target (the gold box's centre inside): "

@@ -24,7 +24,7 @@ def test_sft_passes_a_reading_phase_and_annealing_by_time(tmp_path: Path,
 
     seen: list[Any] = []
     monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
-    monkeypatch.setattr("ssr_server.cli._report_training", lambda figures, out: None)
+    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
     base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
     flags = ["--pictures-every", "1", "--no-picture-moves", "--anneal-by-time", "--freeze-vision"]
     result = CliRunner().invoke(app, [*base, *flags])
@@ -74,7 +74,7 @@ def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
     seen: list[Any] = []
     monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
     monkeypatch.setattr(vision, "train_vision", lambda cfg: seen.append(cfg) or {})
-    monkeypatch.setattr("ssr_server.cli._report_training", lambda figures, out: None)
+    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     sft_args = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
