@@ -138,8 +138,10 @@ def eval_command(
 
 
 def compare_command(
-    eval_a: Annotated[Path, typer.Argument(help="an `ssr-server eval --json` file (A, the baseline)")],
-    eval_b: Annotated[Path, typer.Argument(help="another, on the same questions (B)")],
+    eval_a: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
+                                           help="an `ssr-server eval --json` file (A, the baseline)")],
+    eval_b: Annotated[Path, typer.Argument(exists=True, dir_okay=False,
+                                           help="another, on the same questions (B)")],
     json_path: Annotated[Path | None, typer.Option("--json", help="write the comparison here too")] = None,
 ) -> None:
     """Two evals on the same questions, paired: each rate's interval, B - A with its interval, McNemar's p."""

@@ -98,10 +98,15 @@ def test_compare_command_prints_and_writes_the_comparison(tmp_path: Path) -> Non
     assert r.exit_code == 2 and "not an eval JSON" in r.output
 
 
-def test_eval_summary_carries_the_wilson_interval() -> None:
-    records = [{"id": f"q{i}", "kind": "search", "correct": i < 8, "outcome": "answered", "turns": 1,
-                "move_correct": [], "action_correct": [], "consistent": [], "chosen": [], "reasoning_s": [],
-                "action_s": [], "model_s": 0.1, "generated_tokens": 3} for i in range(10)]
-    summary = summarize(records)
-    assert summary["overall"]["success_ci95"] == list(wilson(8, 10))
-    assert "95% interval 49.0% - 94.3%" in format_summary(summary)
+def test_eval_summary_carries_the_wilson_interval_and_the_kinds_mean() -> None:
+    records = [{"id": f"q{i}", "kind": "search" if i < 10 else "visual", "correct": i < 8 or i == 10,
+                "outcome": "answered", "turns": 1, "move_correct": [], "action_correct": [], "consistent": [],
+                "chosen": [], "reasoning_s": [],
+                "action_s": [], "model_s": 0.1, "generated_tokens": 3} for i in range(14)]
+    summary = summarize(records)  # search 8 of 10 right, visual 1 of 4
+    assert summary["kinds"]["search"]["success_ci95"] == list(wilson(8, 10))
+    assert summary["overall"]["success_ci95"] == list(wilson(9, 14))
+    assert summary["kind_balanced_success"] == pytest.approx((0.8 + 0.25) / 2)
+    text = format_summary(summary)
+    low, high = wilson(9, 14)
+    assert f"95% interval {100 * low:.1f}% - {100 * high:.1f}%" in text and "the kinds' mean 52.5%" in text
