@@ -30,8 +30,7 @@ from typing import Any
 from locust import HttpUser, between, events, task
 from locust.exception import StopUser
 
-from ssr_server.loadtest import parse_mix
-from ssr_server.loadtest.generator import Workload, is_loopback
+from ssr_server.loadtest import Workload, is_loopback, parse_mix
 
 log = logging.getLogger("ssr-loadtest")
 DEFAULT_HOST = "http://127.0.0.1:8000"

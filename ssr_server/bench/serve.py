@@ -22,7 +22,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ssr_server.loadtest.generator import LoadResult, run_load
+from ssr_server.loadtest.generator import run_load
+from ssr_server.loadtest.records import LoadResult
 from ssr_server.loadtest.report import percentiles
 
 FLOOR_RATIO = 3.0

@@ -129,8 +129,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per kind and overall; with ``phrasing`` (records that say whether their question's phrasing is one
     the training split never uses) also per phrasing: what generalises beyond the training templates."""
     kinds = sorted({r["kind"] for r in records}, key=lambda k: (*KINDS, k).index(k))
-    out = {"overall": _group(records), "kinds": {k: _group([r for r in records if r["kind"] == k])
-                                                  for k in kinds}}
+    out: dict[str, Any] = {"overall": _group(records),
+                           "kinds": {k: _group([r for r in records if r["kind"] == k]) for k in kinds}}
     rates = [g["success"] for g in out["kinds"].values() if g["success"] is not None]
     # The world draws kinds unevenly (visual and detail are 43% of the full test split, two-hop 2.5%):
     # the mean of the kinds' rates is the figure that does not move with that mix or with --limit.

@@ -11,15 +11,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ssr_server.loadtest.generator import (
-    LoadResult,
-    RemoteTargetError,
-    RequestRecord,
-    check_target,
-    is_loopback,
-    run_load,
-)
+from ssr_server.loadtest.generator import run_load
+from ssr_server.loadtest.records import LoadResult, RequestRecord
 from ssr_server.loadtest.report import format_table, summarize, write_json, write_png, write_report
+from ssr_server.loadtest.target import RemoteTargetError, check_target, is_loopback
+from ssr_server.loadtest.workload import Workload
 
 
 def parse_mix(spec: str) -> dict[str, float]:
@@ -77,5 +73,6 @@ def run_loadtest(
     return summary, result
 
 
-__all__ = ["LoadResult", "RemoteTargetError", "RequestRecord", "check_target", "format_table", "is_loopback",
-           "parse_mix", "run_load", "run_loadtest", "summarize", "write_json", "write_png", "write_report"]
+__all__ = ["LoadResult", "RemoteTargetError", "RequestRecord", "Workload", "check_target", "format_table",
+           "is_loopback", "parse_mix", "run_load", "run_loadtest", "summarize", "write_json", "write_png",
+           "write_report"]

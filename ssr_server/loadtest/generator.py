@@ -14,293 +14,28 @@ they are cancelled. Every request sent ends as exactly one record: ``completed``
 ``refused`` (429 or 503, with Retry-After noted) or ``failed`` (anything else, transport errors and
 timeouts included). Targets must be loopback unless ``allow_remote=True``.
 
-Questions and pictures come from the offline demo world, so the same seed sends the same bytes.
+The pieces: ``workload`` (what is sent), ``client`` (one request), ``records`` (what happened), ``target``
+(loopback only).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
-import ipaddress
-import json
 import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any
 
 import httpx
 
-Fate = Literal["completed", "failed", "refused"]
-REFUSED_STATUSES = frozenset({429, 503})
+from ssr_server.loadtest.client import send_one
+from ssr_server.loadtest.records import LoadResult, RequestRecord
+from ssr_server.loadtest.target import check_target
+from ssr_server.loadtest.workload import Workload
+
 RUNS_PATH = "/v1/agent/runs"
 DEFAULT_MAX_IN_FLIGHT = 256
-
-
-class RemoteTargetError(ValueError):
-    """The target is not a loopback address and ``allow_remote`` was not given."""
-
-
-@dataclass
-class RequestRecord:
-    """What happened to one request. Times are seconds relative to the start of the load."""
-
-    index: int
-    mode: str
-    with_image: bool
-    question: str
-    fate: Fate
-    status: int | None = None  # HTTP status; None when no response came (transport error, timeout)
-    outcome: str | None = None  # the run's outcome when completed
-    scheduled_s: float = 0.0  # when it was due (open loop) or taken (closed loop)
-    start_s: float = 0.0  # when it was sent
-    end_s: float = 0.0  # when its response (or its error) arrived
-    latency_s: float = 0.0  # end - start: what the server took, as the client saw it
-    sched_latency_s: float = 0.0  # end - scheduled: includes any wait for the in-flight cap
-    first_turn_s: float | None = None  # streaming only: start -> first ``turn`` event
-    turns: int = 0
-    reasoning_s: list[float] = field(default_factory=list)  # per turn, as the server measured it
-    model_s: float | None = None
-    tool_s: float | None = None
-    server_total_s: float | None = None
-    retry_after_s: float | None = None
-    error: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class LoadResult:
-    target: str
-    loop: Literal["open", "closed"]
-    config: dict[str, Any]
-    records: list[RequestRecord]
-    started_at: float  # wall clock (time.time()) at the start
-    elapsed_s: float  # start -> last request settled
-    launch_window_s: float  # start -> last launch
-    cap_waits: int = 0  # open loop: launches held back by the in-flight cap
-    cancelled_at_end: int = 0  # still in flight after the final wait, cancelled (counted as failed)
-
-    @property
-    def sent(self) -> int:
-        return len(self.records)
-
-    def count(self, fate: Fate) -> int:
-        return sum(1 for r in self.records if r.fate == fate)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"target": self.target, "loop": self.loop, "config": self.config,
-                "started_at": self.started_at, "elapsed_s": self.elapsed_s,
-                "launch_window_s": self.launch_window_s, "cap_waits": self.cap_waits,
-                "cancelled_at_end": self.cancelled_at_end, "records": [r.to_dict() for r in self.records]}
-
-
-# ---- target checks --------------------------------------------------------------------------------
-def is_loopback(target: str) -> bool:
-    """True for http(s) URLs on 127.0.0.0/8, ::1 or ``localhost`` (names are not resolved)."""
-    try:
-        parts = urlsplit(target)
-        host = parts.hostname
-    except ValueError:
-        return False
-    if parts.scheme not in ("http", "https") or not host:
-        return False
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_target(target: str, allow_remote: bool = False) -> str:
-    """The target without a trailing slash; refuses non-loopback hosts unless ``allow_remote``."""
-    parts = urlsplit(target)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"target must be an http(s) URL, got {target!r}")
-    if not allow_remote and not is_loopback(target):
-        raise RemoteTargetError(
-            f"refusing to load {parts.hostname!r}: only loopback targets (127.0.0.0/8, ::1, localhost) "
-            "unless allow_remote=True")
-    return target.rstrip("/")
-
-
-# ---- the workload -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class PlannedRequest:
-    index: int
-    mode: str
-    question: str
-    entity_id: str
-    with_image: bool
-    body: dict[str, Any]
-
-
-def _normalise_modes(modes: Mapping[str, float]) -> tuple[list[str], list[float]]:
-    names = [m for m, w in modes.items() if w > 0]
-    weights = [float(modes[m]) for m in names]
-    if not names or not all(math.isfinite(w) for w in weights):
-        raise ValueError(f"modes must give at least one mode a positive finite weight, got {dict(modes)}")
-    unknown = [m for m in names if m not in ("ssr", "freeform")]
-    if unknown:
-        raise ValueError(f"unknown mode(s) {unknown}; the server knows 'ssr' and 'freeform'")
-    return names, weights
-
-
-_IMAGE_CACHE: dict[str, str] = {}
-
-
-def demo_image_b64(entity_id: str) -> str:
-    """The demo world's picture of ``entity_id`` as base64 PNG (encoded once per process)."""
-    hit = _IMAGE_CACHE.get(entity_id)
-    if hit is None:
-        from ssr_server.world import demo_picture
-
-        buf = io.BytesIO()
-        demo_picture(entity_id).save(buf, format="PNG")
-        hit = _IMAGE_CACHE[entity_id] = base64.b64encode(buf.getvalue()).decode("ascii")
-    return hit
-
-
-def _demo_questions() -> list[tuple[str, str]]:
-    """(question, entity id) of the demo world's questions about a picture (built once, ~1 s)."""
-    import tempfile
-
-    from ssr_server.world import demo_questions, demo_world
-
-    with tempfile.TemporaryDirectory(prefix="ssr-loadtest-") as tmp:
-        questions = demo_questions(demo_world(tmp))
-    return [(q.question, q.entity_id) for q in questions if q.kind != "named"]
-
-
-class Workload:
-    """Request ``i`` of a seed is always the same mode, question, image and sampling seed."""
-
-    def __init__(self, modes: Mapping[str, float], with_images: float, max_turns: int, seed: int,
-                 tau: float = 1.0, extra: Mapping[str, Any] | None = None) -> None:
-        if not 0.0 <= with_images <= 1.0:
-            raise ValueError("with_images must lie in [0, 1]")
-        self.mode_names, self.mode_weights = _normalise_modes(modes)
-        self.with_images, self.max_turns, self.seed, self.tau = with_images, max_turns, seed, tau
-        self.extra = dict(extra or {})
-        self.questions = _demo_questions()
-
-    def request(self, index: int) -> PlannedRequest:
-        rng = random.Random(self.seed * 1_000_003 + index)
-        mode = rng.choices(self.mode_names, self.mode_weights)[0]
-        question, entity = rng.choice(self.questions)
-        with_image = rng.random() < self.with_images
-        body: dict[str, Any] = {"question": question, "mode": mode, "max_turns": self.max_turns,
-                                "tau": self.tau, "seed": rng.randrange(2**31)}
-        if with_image:
-            body["images"] = [demo_image_b64(entity)]
-        body.update(self.extra)
-        return PlannedRequest(index, mode, question, entity, with_image, body)
-
-
-# ---- one request ------------------------------------------------------------------------------------
-def _retry_after(headers: httpx.Headers) -> float | None:
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None  # an HTTP date: not worth parsing here
-
-
-def _fill_from_run(rec: RequestRecord, run: Mapping[str, Any]) -> None:
-    rec.outcome = run.get("outcome")
-    turns = run.get("turns") or []
-    rec.turns = len(turns)
-    rec.reasoning_s = [float(t.get("reasoning_s", 0.0)) for t in turns]
-    timings = run.get("timings") or {}
-    rec.model_s = timings.get("model_s")
-    rec.tool_s = timings.get("tool_s")
-    rec.server_total_s = timings.get("total_s")
-
-
-def _error_text(resp_text: str, status: int) -> str:
-    try:
-        err = json.loads(resp_text).get("error", {})
-        return f"{status} {err.get('code', '')}: {err.get('message', '')}".strip()
-    except (ValueError, AttributeError):
-        return f"{status}: {resp_text[:200]}"
-
-
-async def _send_plain(client: httpx.AsyncClient, url: str, req: PlannedRequest, rec: RequestRecord) -> None:
-    resp = await client.post(url, json=req.body)
-    rec.status = resp.status_code
-    if resp.status_code == 200:
-        _fill_from_run(rec, resp.json())
-        rec.fate = "completed"
-    else:
-        _classify_error(rec, resp.status_code, resp.headers, resp.text)
-
-
-def _classify_error(rec: RequestRecord, status: int, headers: httpx.Headers, text: str) -> None:
-    rec.error = _error_text(text, status)
-    if status in REFUSED_STATUSES:
-        rec.fate = "refused"
-        rec.retry_after_s = _retry_after(headers)
-    else:
-        rec.fate = "failed"
-
-
-async def _send_stream(client: httpx.AsyncClient, url: str, req: PlannedRequest, rec: RequestRecord,
-                       t0: float) -> None:
-    body = dict(req.body, stream=True)
-    async with client.stream("POST", url, json=body) as resp:
-        rec.status = resp.status_code
-        if resp.status_code != 200:
-            text = (await resp.aread()).decode("utf-8", "replace")
-            _classify_error(rec, resp.status_code, resp.headers, text)
-            return
-        event, data = "message", []
-        async for line in resp.aiter_lines():
-            if line.startswith(":"):
-                continue  # keep-alive comment
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                data.append(line[5:].lstrip())
-            elif line == "" and data:
-                payload = "\n".join(data)
-                if event == "turn" and rec.first_turn_s is None:
-                    rec.first_turn_s = time.perf_counter() - t0
-                elif event == "run":
-                    _fill_from_run(rec, json.loads(payload))
-                    rec.fate = "completed"
-                elif event == "error":
-                    err = json.loads(payload)
-                    status = int(err.get("status", 500))
-                    rec.status = status
-                    rec.error = _error_text(json.dumps({"error": err.get("error", {})}), status)
-                    rec.fate = "refused" if status in REFUSED_STATUSES else "failed"
-                event, data = "message", []
-        if rec.fate != "completed" and rec.error is None:
-            rec.fate, rec.error = "failed", "stream ended without a run event"
-
-
-async def _one(client: httpx.AsyncClient, url: str, req: PlannedRequest, rec: RequestRecord,
-               stream: bool) -> None:
-    """Send one request and fill ``rec`` in; never raises but ``CancelledError``."""
-    t0 = time.perf_counter()
-    try:
-        if stream:
-            await _send_stream(client, url, req, rec, t0)
-        else:
-            await _send_plain(client, url, req, rec)
-    except httpx.TimeoutException as exc:
-        rec.fate, rec.error = "failed", f"timeout: {type(exc).__name__}"
-    except httpx.HTTPError as exc:
-        rec.fate, rec.error = "failed", f"transport: {type(exc).__name__}: {exc}"
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        rec.fate, rec.error = "failed", f"bad response: {type(exc).__name__}: {exc}"
 
 
 def _stamp(rec: RequestRecord, origin: float) -> None:
@@ -310,7 +45,6 @@ def _stamp(rec: RequestRecord, origin: float) -> None:
     rec.sched_latency_s = end - rec.scheduled_s
 
 
-# ---- the driver -------------------------------------------------------------------------------------
 class _Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.bar: Any = None
@@ -400,7 +134,7 @@ async def run_load(
                                 question=req.question, fate="failed", scheduled_s=scheduled - origin,
                                 start_s=time.perf_counter() - origin)
             try:
-                await _one(client, url, req, rec, stream)
+                await send_one(client, url, req, rec, stream)
             except asyncio.CancelledError:
                 rec.fate, rec.error = "failed", "cancelled: still in flight when the load ended"
                 settle(rec)  # every request sent ends as exactly one record
@@ -485,5 +219,4 @@ def run_load_sync(target: str, **kwargs: Any) -> LoadResult:
     return asyncio.run(run_load(target, **kwargs))
 
 
-__all__ = ["LoadResult", "RemoteTargetError", "RequestRecord", "Workload", "check_target",
-           "demo_image_b64", "is_loopback", "run_load", "run_load_sync"]
+__all__ = ["DEFAULT_MAX_IN_FLIGHT", "RUNS_PATH", "run_load", "run_load_sync"]

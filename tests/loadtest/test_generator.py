@@ -15,8 +15,18 @@ import pytest
 
 from ssr_server.bench.serve import live_server
 from ssr_server.config import Settings
-from ssr_server.loadtest import format_table, parse_mix, run_load, summarize, write_report
-from ssr_server.loadtest.generator import LoadResult, RemoteTargetError, Workload, check_target, is_loopback
+from ssr_server.loadtest import (
+    LoadResult,
+    RemoteTargetError,
+    Workload,
+    check_target,
+    format_table,
+    is_loopback,
+    parse_mix,
+    run_load,
+    summarize,
+    write_report,
+)
 
 # short freeform reasoning keeps a freeform run well under a second on the tiny model
 SHORT = {"reasoning_budget": 16}
