@@ -28,7 +28,7 @@ def make_record(question: Question, run: dict[str, Any] | None, error: str | Non
     gold_box = next((list(m.box) for m in question.moves if m.box), None)
     base = {"id": question.id, "kind": question.kind, "split": question.split, "question": question.question,
             "gold_answer": question.answer, "aliases": list(question.aliases), "gold_moves": gold,
-            "heldout": question.heldout_template, "gold_box": gold_box}
+            "heldout": question.heldout_template, "gold_box": gold_box, "attribute": question.attribute}
     if run is None:
         return {**base, "prediction": None, "correct": False, "outcome": "failed", "error": error, "turns": 0,
                 "chosen": [], "actions": [], "move_correct": [], "action_correct": [], "consistent": [],
@@ -125,20 +125,43 @@ def _mean(values: Iterable[float]) -> float | None:
     return sum(v) / len(v) if v else None
 
 
+def _kind_order(kind: str) -> int:
+    return (*KINDS, kind).index(kind)
+
+
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per kind and overall; with ``phrasing`` (records that say whether their question's phrasing is one
     the training split never uses) also per phrasing: what generalises beyond the training templates."""
-    kinds = sorted({r["kind"] for r in records}, key=lambda k: (*KINDS, k).index(k))
+    kinds = sorted({r["kind"] for r in records}, key=_kind_order)
     out: dict[str, Any] = {"overall": _group(records),
                            "kinds": {k: _group([r for r in records if r["kind"] == k]) for k in kinds}}
     rates = [g["success"] for g in out["kinds"].values() if g["success"] is not None]
     # The world draws kinds unevenly (visual and detail are 43% of the full test split, two-hop 2.5%):
     # the mean of the kinds' rates is the figure that does not move with that mix or with --limit.
     out["kind_balanced_success"] = sum(rates) / len(rates) if rates else None
+    if records and all("attribute" in r for r in records):  # nor the attribute before the sixteenth session
+        out["attributes"] = _attributes(records)
     if records and all("heldout" in r for r in records):  # eval JSONs written before it lack the flag
         out["phrasing"] = {name: _group([r for r in records if r["heldout"] == held])
                            for name, held in (("seen", False), ("held-out", True))}
     return out
+
+
+def _attributes(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Success per kind and asked attribute, with the answers given most often: a model that answers "4"
+    to every count question shows here as a collapsed answer distribution, not only as a low rate."""
+    keys = sorted({(r["kind"], r["attribute"]) for r in records}, key=lambda ka: (_kind_order(ka[0]), ka[1]))
+    out: dict[str, Any] = {}
+    for kind, attribute in keys:
+        group = [r for r in records if r["kind"] == kind and r["attribute"] == attribute]
+        said = Counter(str(r["prediction"]) for r in group if r["prediction"] is not None)
+        # pairs as lists: the summary must equal its own JSON round trip
+        out[f"{kind}/{attribute}"] = {"questions": len(group), "success": _rate(r["correct"] for r in group),
+                                      "most_said": [[a, n] for a, n in said.most_common(3)]}
+    return out
+
+
+PICTURE_KINDS = ("visual", "detail")  # few attributes each, and what the picture alone must answer
 
 
 def _pct(x: float | None) -> str:
@@ -170,6 +193,13 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
         lines.append(f"overall success {_pct(overall['success'])}, 95% interval {_pct(low)} - {_pct(high)} "
                      f"(Wilson, {overall['questions']} questions; `ssr-server compare` pairs two evals); "
                      f"the kinds' mean {_pct(summary.get('kind_balanced_success'))}")
+    for kind in PICTURE_KINDS:
+        rows = [(key.split("/", 1)[1], g) for key, g in summary.get("attributes", {}).items()
+                if key.startswith(kind + "/")]
+        if rows:
+            lines.append(f"{kind} by attribute: " + "; ".join(
+                f"{attr} {_pct(g['success'])} of {g['questions']} (most said: "
+                + ", ".join(f"{said} x{n}" for said, n in g["most_said"]) + ")" for attr, g in rows))
     zoom = summary["overall"].get("zoom_calls")
     if zoom:
         lines.append(f"zoom boxes on the target (the gold box's centre inside): "

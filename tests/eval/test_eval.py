@@ -68,6 +68,29 @@ def test_summary_by_hand() -> None:
     assert s["phrasing"]["seen"]["questions"] == 2 and s["phrasing"]["seen"]["success"] == 1.0
     assert s["phrasing"]["held-out"]["success"] == 0.0 and s["overall"] == summarize(records)["overall"]
     assert "held-out" in format_summary(s) and "held-out" not in format_summary(summarize(records))
+    assert "attributes" not in s and "by attribute" not in format_summary(s)  # records before the attribute
+
+
+def test_summary_by_attribute_shows_a_collapsed_answer_distribution() -> None:
+    base = {"outcome": "answered", "turns": 1, "chosen": ["r"], "actions": ["answer"], "move_correct": [True],
+            "action_correct": [True], "consistent": [True], "reasoning_s": [0.01], "action_s": [0.02],
+            "model_s": 0.03, "generated_tokens": 2}
+    gold_counts = ["2", "3", "4", "5", "4", "6"]
+    records = [{**base, "kind": "visual", "attribute": "count", "prediction": "4", "correct": g == "4"}
+               for g in gold_counts]
+    records += [{**base, "kind": "visual", "attribute": "colour", "prediction": c, "correct": True}
+                for c in ("red", "blue", "red")]
+    records += [{**base, "kind": "search", "attribute": "height", "prediction": None, "correct": False}]
+    s = summarize(records)
+    assert list(s["attributes"]) == ["search/height", "visual/colour", "visual/count"]
+    count = s["attributes"]["visual/count"]
+    assert count["questions"] == 6 and count["success"] == pytest.approx(2 / 6)
+    assert count["most_said"] == [["4", 6]]
+    assert s["attributes"]["visual/colour"]["most_said"] == [["red", 2], ["blue", 1]]
+    assert s["attributes"]["search/height"] == {"questions": 1, "success": 0.0, "most_said": []}
+    text = format_summary(s)
+    assert "visual by attribute: colour 100.0% of 3 (most said: red x2, blue x1); count 33.3% of 6" in text
+    assert "search by attribute" not in text  # text kinds have dozens of attributes: JSON only
 
 
 def test_records_judge_answers_and_moves(world_dir: Path) -> None:
