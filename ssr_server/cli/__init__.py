@@ -2,7 +2,7 @@
 compare | train.
 
 The command table is here; each module holds one family of commands (``serving``, ``bench``, ``world``,
-``evaluate``, ``train``) and imports what it runs only when it runs, so ``--help`` stays fast.
+``evaluate``, ``train``, ``probes``) and imports what it runs only when it runs, so ``--help`` stays fast.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import typer
 
 from ssr_server.cli.bench import bench_app
 from ssr_server.cli.evaluate import compare_command, eval_command, infer
+from ssr_server.cli.probes import train_probe_command, train_probe_features_command
 from ssr_server.cli.serving import ask, loadtest, serve, sglang_launch, tiny_model
 from ssr_server.cli.train import train_app
 from ssr_server.cli.world import world_app
@@ -30,6 +31,8 @@ app.add_typer(world_app, name="world")
 app.command()(infer)
 app.command("eval")(eval_command)
 app.command("compare")(compare_command)
+train_app.command("probe")(train_probe_command)
+train_app.command("probe-features")(train_probe_features_command)
 app.add_typer(train_app, name="train")
 
 

@@ -8,8 +8,6 @@ from typing import Annotated, Any
 
 import typer
 
-from ssr_server.cli.common import make_settings
-
 train_app = typer.Typer(no_args_is_help=True, help="Train a selector: SFT and SSR-GRPO on a world.")
 
 
@@ -41,7 +39,7 @@ def _jitter_help(what: str) -> str:
             "as a model's imprecise zoom box makes them")
 
 
-def _zoom_style(text: str) -> str:
+def zoom_style(text: str) -> str:
     from ssr_server.world.views import check_zoom_style
 
     try:
@@ -134,7 +132,7 @@ def train_sft_command(
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
                                   picture_moves=picture_moves, freeze_vision=freeze_vision,
-                                  zoom=_zoom_style(zoom), zoom_jitter=zoom_jitter, zoom_sign=zoom_sign,
+                                  zoom=zoom_style(zoom), zoom_jitter=zoom_jitter, zoom_sign=zoom_sign,
                                   zoom_count=zoom_count))
     _report_training(figures, out)
 
@@ -191,39 +189,8 @@ def train_vision_command(
                                         heads=chosen, known_share=known_share, anchor=anchor,
                                         anchor_crops=anchor_crops,
                                         image_pixels=image_pixels, max_pixels=max_pixels,
-                                        zoom=_zoom_style(zoom), zoom_jitter=zoom_jitter))
+                                        zoom=zoom_style(zoom), zoom_jitter=zoom_jitter))
     _report_training(figures, out)
-
-
-@train_app.command("probe")
-def train_probe_command(
-    world: Annotated[Path, typer.Option(help="a `world build` folder")],
-    model: Annotated[str | None, typer.Option(help="model dir (default: the shipped model)")] = None,
-    split: Annotated[str, typer.Option(help="train | dev | test: whose visual/detail trajectories")] = "test",
-    drills: Annotated[int, typer.Option(min=2, help="reading drills drawn")] = 128,
-    seed: Annotated[int, typer.Option()] = 12345,
-    threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
-    json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
-    zoom: Annotated[str, typer.Option(help="the zoom style detail drills use: tight, strip or wide (as the "
-                                           "model was trained: `train sft --zoom`)")] = "tight",
-) -> None:
-    """Does the model read its pictures? Teacher-forced answers on fresh pictures vs another drill's."""
-    from ssr_server.engine.factory import resolve_model
-    from ssr_server.train.reading_probe import ProbeConfig, format_probe, run_probe
-
-    if split not in ("train", "dev", "test"):
-        raise typer.BadParameter("split must be train, dev or test")
-    if not (world / "questions.jsonl").is_file():
-        raise typer.BadParameter(f"{world} is not a built world (no questions.jsonl)")
-    try:
-        result = run_probe(ProbeConfig(world=world, model=resolve_model(make_settings(model=model)),
-                                       split=split, drills=drills, seed=seed, threads=threads,
-                                       zoom=_zoom_style(zoom)))
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=1), encoding="utf-8")
-    typer.echo(format_probe(result))
 
 
 @train_app.command("pretrain")

@@ -203,6 +203,14 @@ def shared_prefix(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[bool]]
 
 def token_logits(model: Any, batch: Batch) -> torch.Tensor:
     """Logits (N, vocab) of every predicted token of the batch, the shared prefix run once."""
+    out = forward_rest(model, batch)
+    hidden = out.last_hidden_state[batch.rows, batch.cols]  # (N, hidden)
+    return model.lm_head(hidden).float()  # type: ignore[no-any-return]
+
+
+def forward_rest(model: Any, batch: Batch, hidden_states: bool = False) -> Any:
+    """The language model's output over the batch's rest (``ids``), after the shared prefix run once;
+    with ``hidden_states`` every layer's too (``.hidden_states``: the input embeddings, then each layer)."""
     from transformers import DynamicCache
 
     base = model.model
@@ -219,10 +227,10 @@ def token_logits(model: Any, batch: Batch) -> torch.Tensor:
     if batch.pixel_values is not None:
         kwargs = {"pixel_values": batch.pixel_values, "image_grid_thw": batch.grid,
                   "mm_token_type_ids": (batch.ids == model.config.image_token_id).int()}
-    out = base(input_ids=batch.ids, position_ids=batch.positions, attention_mask=batch.attention,
-               cache=cache, **kwargs)
-    hidden = out.last_hidden_state[batch.rows, batch.cols]  # (N, hidden)
-    return model.lm_head(hidden).float()  # type: ignore[no-any-return]
+    if hidden_states:
+        kwargs["output_hidden_states"] = True
+    return base(input_ids=batch.ids, position_ids=batch.positions, attention_mask=batch.attention,
+                cache=cache, **kwargs)
 
 
 def batches(examples: Sequence[Example], batch_size: int, rng: random.Random) -> list[list[Example]]:
