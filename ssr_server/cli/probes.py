@@ -56,6 +56,8 @@ def train_probe_features_command(
     json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
     zoom: Annotated[str, typer.Option(help="the zoom style detail drills use (as the model was trained)")] = (
         "wide"),
+    zoom_jitter: Annotated[float, typer.Option(min=0.0, help="detail crops moved sideways by up to this many "
+                                                        "gold-box widths, as a model's own boxes are")] = 0.0,
 ) -> None:
     """Where is a picture's answer lost? Probes on the tower's tokens and at the answer, against the model."""
     from ssr_server.engine.factory import resolve_model
@@ -74,7 +76,7 @@ def train_probe_features_command(
         result = run_feature_probe(FeatureProbeConfig(
             world=world, model=resolve_model(make_settings(model=model)), split=split,
             attributes=tuple(attribute or ATTRIBUTES), drills=drills, folds=folds, steps=steps, seed=seed,
-            threads=threads, zoom=zoom_style(zoom)))
+            threads=threads, zoom=zoom_style(zoom), zoom_jitter=zoom_jitter))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     if json_path:

@@ -102,3 +102,17 @@ def test_probe_features_command_refuses_bad_input(world_dir: Path, tmp_path: Pat
                                  "weight", "--drills", "10", "--json", str(tmp_path / "x.json")])
     assert r.exit_code == 2 and "unknown attribute" in r.output
     assert not (tmp_path / "x.json").exists()
+
+
+def test_probe_features_command_writes_its_figures(world_dir: Path, trained: Path, tmp_path: Path) -> None:
+    import json
+
+    out = tmp_path / "probe.json"
+    args = ["train", "probe-features", "--world", str(world_dir), "--model", str(trained), "--split", "train",
+            "--attribute", "plaque", "--drills", "10", "--folds", "2", "--steps", "2", "--zoom", "tight",
+            "--zoom-jitter", "1.0", "--threads", "1", "--json", str(out)]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    saved = json.loads(out.read_text())
+    assert saved["zoom_jitter"] == 1.0 and list(saved["attributes"]) == ["plaque"]
+    assert saved["attributes"]["plaque"]["drills"] == 10 and "plaque" in r.output
