@@ -58,6 +58,8 @@ def train_probe_features_command(
         "wide"),
     zoom_jitter: Annotated[float, typer.Option(min=0.0, help="detail crops moved sideways by up to this many "
                                                         "gold-box widths, as a model's own boxes are")] = 0.0,
+    zoom_edge_jitter: Annotated[float, typer.Option(
+        min=0.0, max=0.5, help="then each crop edge by up to this share of the gold box's size")] = 0.0,
 ) -> None:
     """Where is a picture's answer lost? Probes on the tower's tokens and at the answer, against the model."""
     from ssr_server.engine.factory import resolve_model
@@ -76,7 +78,8 @@ def train_probe_features_command(
         result = run_feature_probe(FeatureProbeConfig(
             world=world, model=resolve_model(make_settings(model=model)), split=split,
             attributes=tuple(attribute or ATTRIBUTES), drills=drills, folds=folds, steps=steps, seed=seed,
-            threads=threads, zoom=zoom_style(zoom), zoom_jitter=zoom_jitter))
+            threads=threads, zoom=zoom_style(zoom), zoom_jitter=zoom_jitter,
+            zoom_edge_jitter=zoom_edge_jitter))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     if json_path:

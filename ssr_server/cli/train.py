@@ -106,6 +106,9 @@ def train_sft_command(
                                            "columns in the strip's crop)")] = "tight",
     zoom_jitter: Annotated[float, typer.Option(min=0.0, max=3.0,
                                                help=_jitter_help("picture drills' crops"))] = 0.0,
+    zoom_edge_jitter: Annotated[float, typer.Option(min=0.0, max=0.5, help=(
+        "then each edge of a picture drill's crop moves by up to this share of the gold box's size: other "
+        "rows and scales, as a model's own boxes have"))] = 0.0,
     zoom_sign: Annotated[bool, typer.Option(help="questions about the big sign zoom on it before they answer "
                                                  "(the tiny tower cannot read it at the question image's "
                                                  "35 tokens); the world is not changed")] = False,
@@ -132,7 +135,8 @@ def train_sft_command(
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
                                   picture_moves=picture_moves, freeze_vision=freeze_vision,
-                                  zoom=zoom_style(zoom), zoom_jitter=zoom_jitter, zoom_sign=zoom_sign,
+                                  zoom=zoom_style(zoom), zoom_jitter=zoom_jitter,
+                                  zoom_edge_jitter=zoom_edge_jitter, zoom_sign=zoom_sign,
                                   zoom_count=zoom_count))
     _report_training(figures, out)
 
@@ -175,6 +179,8 @@ def train_vision_command(
                                            "wide (3x its width; coarse reads the same crop)")]
         = "tight",
     zoom_jitter: Annotated[float, typer.Option(min=0.0, max=3.0, help=_jitter_help("the crops"))] = 0.0,
+    zoom_edge_jitter: Annotated[float, typer.Option(min=0.0, max=0.5, help=(
+        "then each crop edge moves by up to this share of the gold box's size"))] = 0.0,
 ) -> None:
     """Train the vision tower on freshly drawn pictures (heads on what questions read, not kept)."""
     from ssr_server.train.vision import EXTRA, LABELS, VisionConfig, train_vision
@@ -189,7 +195,8 @@ def train_vision_command(
                                         heads=chosen, known_share=known_share, anchor=anchor,
                                         anchor_crops=anchor_crops,
                                         image_pixels=image_pixels, max_pixels=max_pixels,
-                                        zoom=zoom_style(zoom), zoom_jitter=zoom_jitter))
+                                        zoom=zoom_style(zoom), zoom_jitter=zoom_jitter,
+                                        zoom_edge_jitter=zoom_edge_jitter))
     _report_training(figures, out)
 
 

@@ -49,6 +49,7 @@ class FeatureProbeConfig:
     threads: int | None = None
     zoom: str = "wide"  # the zoom style detail drills write and crop at (the style the model was trained in)
     zoom_jitter: float = 0.0  # detail crops moved sideways by up to this many gold widths (a model's boxes)
+    zoom_edge_jitter: float = 0.0  # then each crop edge by up to this share of the gold box's size
 
 
 @dataclass
@@ -178,7 +179,8 @@ def run_feature_probe(cfg: FeatureProbeConfig) -> dict[str, Any]:
     library = LibraryRegistry().get("default")
     examples, _ = asyncio.run(oracle_examples(cfg.world, questions, tok, fmt, library, "ssr", progress=False))
     drills = PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt, moves=False,
-                              zoom=cfg.zoom, zoom_jitter=cfg.zoom_jitter)
+                              zoom=cfg.zoom, zoom_jitter=cfg.zoom_jitter,
+                              zoom_edge_jitter=cfg.zoom_edge_jitter)
     processor = AutoImageProcessor.from_pretrained(cfg.model, backend="pil")
     collate = Collator(model, processor, tok.pad_token_id or 0)
     answer_open = tok.encode(fmt.actions.answer.open, add_special_tokens=False)
@@ -209,13 +211,14 @@ def run_feature_probe(cfg: FeatureProbeConfig) -> dict[str, Any]:
         raise ValueError(f"no reading drill of {', '.join(cfg.attributes)} in split {cfg.split!r} of "
                          f"{cfg.world}")
     return {"model": cfg.model, "split": cfg.split, "folds": cfg.folds, "seed": cfg.seed,
-            "zoom": cfg.zoom, "zoom_jitter": cfg.zoom_jitter, "attributes": rows}
+            "zoom": cfg.zoom, "zoom_jitter": cfg.zoom_jitter, "zoom_edge_jitter": cfg.zoom_edge_jitter,
+            "attributes": rows}
 
 
 def format_feature_probe(r: dict[str, Any]) -> str:
     lines = [f"feature probe: {r['model']}, fresh pictures from the {r['split']} split's questions, "
              f"{r['folds']}-fold probes (seed {r['seed']}); detail crops {r['zoom']}, moved by up to "
-             f"{r['zoom_jitter']} gold widths",
+             f"{r['zoom_jitter']} gold widths, edges by up to {r.get('zoom_edge_jitter', 0.0)} of its size",
              f"{'attribute':<10} {'drills':>6} {'classes':>7} {'majority':>9} {'model':>7} {'picture':>8} "
              f"{'answer':>7}"]
     for name, row in r["attributes"].items():

@@ -106,12 +106,13 @@ class PictureDrills:
     drawing of drills."""
 
     def __init__(self, sources: Sequence[PictureSource], tok: Any, fmt: PromptFormat,
-                 zoom: str = "tight", zoom_jitter: float = 0.0) -> None:
+                 zoom: str = "tight", zoom_jitter: float = 0.0, zoom_edge_jitter: float = 0.0) -> None:
         self.sources = list(sources)
         self.tok = tok
         self.fmt = fmt
         self.zoom = zoom  # the zoom style of the sources' boxes, which drills keep
         self.zoom_jitter = zoom_jitter  # drills' crops move sideways (question_picture): off-centre reading
+        self.zoom_edge_jitter = zoom_edge_jitter  # and each crop edge by up to this share of the gold size
 
     def _enc(self, text: str) -> tuple[int, ...]:
         return tuple(self.tok.encode(text, add_special_tokens=False))
@@ -122,14 +123,14 @@ class PictureDrills:
     @classmethod
     def of(cls, examples: Sequence[Example], questions: Sequence[Question], entities: Sequence[Entity],
            tok: Any, fmt: PromptFormat, *, moves: bool = True, zoom: str = "tight",
-           zoom_jitter: float = 0.0) -> PictureDrills:
+           zoom_jitter: float = 0.0, zoom_edge_jitter: float = 0.0) -> PictureDrills:
         """The sources among ``examples``: visual and detail trajectories (one image, or the question's
         and the zoomed crop) in which the answer and, for detail, the zoom box occur exactly once; with
         ``moves``, the first turns of search, two-hop and knowledge trajectories too. ``questions``' zoom
         boxes are in the ``zoom`` style (``setup.zoom_styled``), as the examples' are."""
         by_id = {q.id: q for q in questions}
         by_entity = {e.id: e for e in entities}
-        drills = cls([], tok, fmt, zoom, zoom_jitter)
+        drills = cls([], tok, fmt, zoom, zoom_jitter, zoom_edge_jitter)
         image_pad = int(tok.convert_tokens_to_ids("<|image_pad|>"))
         for ex in examples:
             q = by_id.get(ex.key.split("/", 1)[0])
@@ -169,7 +170,8 @@ class PictureDrills:
             look = source.look
             if look is None:
                 look = new_look(rng, source.motif, source.aspect, source.char_kind)
-            drawn = question_picture(look, rng, self.zoom, self.zoom_jitter, source.target)
+            drawn = question_picture(look, rng, self.zoom, self.zoom_jitter, source.target,
+                                     self.zoom_edge_jitter)
             if drawn is not None:
                 break
         else:

@@ -90,6 +90,7 @@ class VisionConfig:
     max_pixels: int | None = None  # only the most pixels a picture keeps (None: as image_pixels or --init)
     zoom: str = "tight"  # the plaque head reads the zoom tool's crop at the box of this style (views.py)
     zoom_jitter: float = 0.0  # the crops move sideways by up to this many gold widths (question_picture)
+    zoom_edge_jitter: float = 0.0  # then each crop edge by up to this share of the gold box's size
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ class Pictures:
 
 
 def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: str = "tight",
-                  jitter: float = 0.0, targets: Sequence[str] = ()) -> Pictures:
+                  jitter: float = 0.0, targets: Sequence[str] = (), edge_jitter: float = 0.0) -> Pictures:
     """``n`` pictures of random looks of random motifs (a ``known_share`` of them the looks of well-known
     entities), as question views, with their zoom crops in the ``zoom`` style (moved sideways by up to
     ``jitter`` gold widths): around the plaque, and around each of the other zoom ``targets`` asked for."""
@@ -116,8 +117,8 @@ def draw_pictures(n: int, rng: random.Random, known_share: float = 0.0, zoom: st
             which = rng.choice(known)
         look = KNOWN_LOOKS[which] if which != "unknown" else draw_look(rng, rng.choice(motifs))
         picture, region, canvas = draw_view(look, rng)
-        plaque = crop_of(picture, region, canvas, "plaque", rng, zoom, jitter)
-        others = {t: crop_of(picture, region, canvas, t, rng, zoom, jitter) for t in targets}
+        plaque = crop_of(picture, region, canvas, "plaque", rng, zoom, jitter, edge_jitter)
+        others = {t: crop_of(picture, region, canvas, t, rng, zoom, jitter, edge_jitter) for t in targets}
         if plaque is None or None in others.values():  # fell outside this view (rare): draw another
             continue
         box, crop = plaque
@@ -288,7 +289,8 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
         while step < cfg.steps and (time.perf_counter() - started) / 60 <= cfg.max_minutes:
             for group in optimizer.param_groups:
                 group["lr"] = cosine_lr(step, cfg.lr, cfg.warmup, cfg.steps, 0.1)
-            pics = draw_pictures(cfg.batch_size, rng, share, cfg.zoom, cfg.zoom_jitter, targets)
+            pics = draw_pictures(cfg.batch_size, rng, share, cfg.zoom, cfg.zoom_jitter, targets,
+                                 cfg.zoom_edge_jitter)
             loss, accuracy = trainer.loss(pics)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # type: ignore[no-untyped-call]
@@ -306,7 +308,7 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
     bar.close()
     trainer.tower.eval()
     held_out = evaluate(trainer, cfg.eval_pictures, random.Random(cfg.seed + 1_000_003), share, cfg.zoom,
-                        cfg.zoom_jitter)
+                        cfg.zoom_jitter, edge_jitter=cfg.zoom_edge_jitter)
     config = {k: str(v) for k, v in asdict(cfg).items()}
     commands = reproduce(Path("."), cfg.init)
     figures = {"steps": step, "planned_steps": cfg.steps, "first_loss": first_loss,
@@ -324,13 +326,15 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
 
 @torch.no_grad()
 def evaluate(trainer: TowerTrainer, n: int, rng: random.Random, known_share: float = 0.0,
-             zoom: str = "tight", jitter: float = 0.0, batch: int = 64) -> dict[str, float]:
+             zoom: str = "tight", jitter: float = 0.0, batch: int = 64,
+             edge_jitter: float = 0.0) -> dict[str, float]:
     """Per-head accuracy on ``n`` fresh pictures (crops as in training)."""
     correct: dict[str, float] = {k: 0.0 for k in trainer.heads}
     done = 0
     while done < n:
         k = min(batch, n - done)
-        pics = draw_pictures(k, rng, known_share, zoom, jitter, crop_targets(list(trainer.heads)))
+        pics = draw_pictures(k, rng, known_share, zoom, jitter, crop_targets(list(trainer.heads)),
+                             edge_jitter)
         _, accuracy = trainer.loss(pics)
         for key in correct:
             correct[key] += accuracy[key] * k

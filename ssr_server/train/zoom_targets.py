@@ -20,7 +20,7 @@ from ssr_server.world.entities import Look
 from ssr_server.world.picture import Canvas, draw_canvas, index_picture
 from ssr_server.world.records import Question
 from ssr_server.world.scene import Box as CanvasBox
-from ssr_server.world.views import ZOOM_PAD, Crop, make_view, shift_box, styled_box, zoom_box
+from ssr_server.world.views import ZOOM_PAD, Crop, jitter_edges, make_view, shift_box, styled_box, zoom_box
 
 TARGETS = ("plaque", "sign", "motif")
 TARGET_OF = {"shape": "sign", "char": "sign", "count": "motif"}  # a zooming visual question's target
@@ -66,7 +66,8 @@ def draw_view(look: Look, rng: random.Random) -> tuple[Image.Image, Crop, Canvas
 
 
 def crop_of(picture: Image.Image, crop: Crop, canvas: Canvas, target: str, rng: random.Random,
-            zoom: str = "tight", jitter: float = 0.0) -> tuple[Box, Image.Image] | None:
+            zoom: str = "tight", jitter: float = 0.0,
+            edge_jitter: float = 0.0) -> tuple[Box, Image.Image] | None:
     """The gold zoom box around ``target`` in a view (``crop``: the canvas region it shows) and the zoom
     tool's crop of ``picture`` at it, styled (``target_style``) and jittered as ``question_picture`` says;
     None when the target fell outside the view. The motif's crop is not jittered: a box off by its width
@@ -78,19 +79,24 @@ def crop_of(picture: Image.Image, crop: Crop, canvas: Canvas, target: str, rng: 
     crop_box = styled_box(box, target_style(target, zoom))
     if jitter > 0 and target != "motif":  # no draw at 0: old commands see old pictures
         crop_box = shift_box(crop_box, rng.uniform(-jitter, jitter) * (box[2] - box[0]))
+    if edge_jitter > 0 and target != "motif":
+        crop_box = jitter_edges(crop_box, box, edge_jitter, rng)
     return box, zoom_crop(picture, crop_box)
 
 
 def question_picture(look: Look, rng: random.Random, zoom: str = "tight", jitter: float = 0.0,
-                     target: str = "plaque") -> tuple[Image.Image, Box, Image.Image] | None:
+                     target: str = "plaque",
+                     edge_jitter: float = 0.0) -> tuple[Image.Image, Box, Image.Image] | None:
     """A question image of ``look`` as the world draws one (a perturbed view of its picture), the gold zoom
     box around its ``target`` (the plaque by default) and the zoom tool's crop at that box in the ``zoom``
     style (``views.styled_box``); None when the target fell outside the view.
 
     ``jitter`` moves the crop (not the box returned) sideways by up to that many gold-box widths: a trained
     model's box is off the plaque's centre by about one gold width (R19: a median ~150 per mille), so its
-    crops show the plaque near an edge, often cut, while crops drawn at the styled box show it centred."""
+    crops show the plaque near an edge, often cut, while crops drawn at the styled box show it centred.
+    ``edge_jitter`` then moves each edge of the crop by up to that share of the gold box's size
+    (``views.jitter_edges``): other heights, rows and scales, as a model's boxes have."""
     check_target(target)
     picture, crop, canvas = draw_view(look, rng)
-    zoomed = crop_of(picture, crop, canvas, target, rng, zoom, jitter)
+    zoomed = crop_of(picture, crop, canvas, target, rng, zoom, jitter, edge_jitter)
     return None if zoomed is None else (picture, *zoomed)

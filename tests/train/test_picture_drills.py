@@ -223,6 +223,16 @@ def test_strip_style_trajectories_and_drills_zoom_into_the_whole_width_at_the_go
         assert all(abs(a - b) <= a / 20 for a, b in zip(centred.size, crop.size, strict=True))
         off += centred.size != crop.size or ImageChops.difference(centred, crop).getbbox() is not None
     assert off >= 1
+    # with edge jitter the crop also changes rows and scale: sizes differ from the centred crop's
+    d = PictureDrills.of(examples, wide, world_entities(world_dir), tok, fmt, zoom="wide",
+                         zoom_edge_jitter=0.2)
+    resized = 0
+    for source in d.sources:
+        drill = d.drill(source, random.Random(7))
+        box = json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", tok.decode(list(drill.ids)))[0])
+        centred = zoom_crop(_image(drill.images[0]), tuple(box))
+        resized += centred.size != _image(drill.images[1]).size
+    assert resized >= 1
 
 
 def test_coarse_style_zooms_into_the_strip_then_into_its_crop_at_the_wide_columns(world_dir: Path) -> None:

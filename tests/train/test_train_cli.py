@@ -86,8 +86,11 @@ def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
         CliRunner().invoke(app, args)
         default = seen.pop()
         assert default.zoom == "tight" and default.zoom_jitter == 0.0
-        CliRunner().invoke(app, [*args, "--zoom", "wide", "--zoom-jitter", "1.2"])
-        assert seen.pop().zoom_jitter == 1.2
+        CliRunner().invoke(app, [*args, "--zoom", "wide", "--zoom-jitter", "1.2", "--zoom-edge-jitter",
+                                 "0.1"])
+        passed = seen.pop()
+        assert passed.zoom_jitter == 1.2 and passed.zoom_edge_jitter == 0.1
+        assert default.zoom_edge_jitter == 0.0
         result = CliRunner().invoke(app, [*args, "--zoom-jitter", "-1"])
         assert result.exit_code == 2 and "--zoom-jitter" in result.output and not seen
         if args is sft_args:

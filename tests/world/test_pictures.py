@@ -19,7 +19,7 @@ from ssr_server.world.closed_sets import CHARS, COLOURS, SHAPES
 from ssr_server.world.entities import Look
 from ssr_server.world.picture import PICTURE_SIZE, draw_canvas
 from ssr_server.world.scene import MARGIN, H, Sign, W
-from ssr_server.world.views import MAX_CROP, make_view, shift_box, styled_box, zoom_box
+from ssr_server.world.views import MAX_CROP, jitter_edges, make_view, shift_box, styled_box, zoom_box
 
 
 def _looks(motif: str, n: int = 12) -> list[Look]:
@@ -115,3 +115,19 @@ def test_a_shifted_box_keeps_its_rows_and_width_and_stays_inside_the_picture() -
     assert shift_box([287, 705, 662, 868], 500) == (625, 705, 1000, 868)  # stopped at the right edge
     assert shift_box([287, 705, 662, 868], -500) == (0, 705, 375, 868)
     assert shift_box([0, 10, 1000, 90], 300) == (0, 10, 1000, 90)  # a strip has nowhere to go
+
+
+def test_jittered_edges_move_each_side_within_its_share_of_the_gold_box() -> None:
+    import random
+
+    gold, wide = (412, 705, 537, 868), (287, 705, 662, 868)  # gold 125 wide, 163 high
+    rng = random.Random(0)
+    moved = [jitter_edges(wide, gold, 0.1, rng) for _ in range(400)]
+    for x1, y1, x2, y2 in moved:
+        assert abs(x1 - 287) <= 13 and abs(x2 - 662) <= 13 and abs(y1 - 705) <= 17 and abs(y2 - 868) <= 17
+    assert len({b[1] for b in moved}) > 20 and len({b[2] - b[0] for b in moved}) > 10  # rows and scales vary
+    assert jitter_edges(wide, gold, 0.0, random.Random(1)) == wide
+    # inside the picture and never thinner than the tool's smallest box
+    corner = [jitter_edges((0, 980, 1000, 1000), (0, 990, 30, 1000), 0.5, rng) for _ in range(50)]
+    for x1, y1, x2, y2 in corner:
+        assert 0 <= x1 < x2 <= 1000 and 0 <= y1 < y2 <= 1000 and x2 - x1 >= 20 and y2 - y1 >= 20
