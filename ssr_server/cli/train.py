@@ -200,6 +200,27 @@ def train_vision_command(
     _report_training(figures, out)
 
 
+@train_app.command("soup")
+def train_soup_command(
+    models: Annotated[list[Path], typer.Argument(help="model folders tuned from one start (two or more)")],
+    out: Annotated[Path, typer.Option(help="where the averaged model goes")],
+    weights: Annotated[str | None, typer.Option(help="comma-separated mixing weights, one per model "
+                                                     "(normalised; default: uniform)")] = None,
+) -> None:
+    """Average the weights of models fine-tuned from one start (a model soup)."""
+    from ssr_server.train.soup import SoupError, soup
+
+    try:
+        mix = [float(w) for w in weights.split(",")] if weights else None
+    except ValueError:
+        raise typer.BadParameter("--weights takes numbers such as 0.5,0.5") from None
+    try:
+        figures = soup(models, out, mix)
+    except SoupError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    _report_training(figures, out)
+
+
 @train_app.command("pretrain")
 def train_pretrain_command(
     world: Annotated[Path, typer.Option(help="a `world build` folder")],

@@ -199,7 +199,10 @@ class TowerTrainer:
 
     def loss(self, pics: Pictures) -> tuple[torch.Tensor, dict[str, float]]:
         images = {"views": pics.views, "crops": pics.crops, **pics.zoomed}
-        batches = {k: self.pixels(v) for k, v in images.items() if v}
+        # without an anchor a stream no head reads costs a tower pass for nothing (half a view-only step)
+        read = {CROP_HEADS.get(k, "views") for k in self.heads}
+        batches = {k: self.pixels(v) for k, v in images.items()
+                   if v and (k in read or self.frozen is not None)}
         feats = {k: self.features(b) for k, b in batches.items()}
         total = torch.zeros((), device=self.device)
         accuracy = {}

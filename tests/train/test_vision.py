@@ -234,6 +234,25 @@ def test_crops_can_be_anchored_apart_from_the_views(tiny_model_dir: Path) -> Non
     assert float((loss_both - loss).detach()) == pytest.approx(3.0 * accuracy["drift_crops"], rel=1e-4)
 
 
+def test_a_step_runs_the_tower_only_on_the_streams_its_heads_read(tiny_model_dir: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    from ssr_server.train.setup import load_model
+
+    model, _ = load_model(tiny_model_dir)
+    processor = AutoImageProcessor.from_pretrained(tiny_model_dir, backend="pil")
+    pics = draw_pictures(3, random.Random(4))
+    calls: list[int] = []
+    model.model.visual.register_forward_hook(lambda _m, _i, out: calls.append(len(out.pooler_output)))
+    for heads, passes in ((("colour", "sign"), 1), (("colour", "plaque"), 2)):
+        calls.clear()
+        TowerTrainer(model, processor, heads).loss(pics)
+        assert len(calls) == passes, heads
+    calls.clear()
+    TowerTrainer(model, processor, ("colour",), anchor=1.0).loss(pics)
+    assert len(calls) == 4  # anchored: views and crops, each through the tower and its frozen copy
+
+
 def test_unknown_heads_are_refused(tiny_model_dir: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown heads"):
         train_vision(VisionConfig(init=tiny_model_dir, out=tmp_path / "w", steps=1, heads=("size",)),
