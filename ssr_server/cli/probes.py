@@ -12,6 +12,13 @@ from ssr_server.cli.common import make_settings
 from ssr_server.cli.train import zoom_style
 
 
+def _check_world(world: Path, split: str) -> None:
+    if split not in ("train", "dev", "test"):
+        raise typer.BadParameter("split must be train, dev or test")
+    if not (world / "questions.jsonl").is_file():
+        raise typer.BadParameter(f"{world} is not a built world (no questions.jsonl)")
+
+
 def train_probe_command(
     world: Annotated[Path, typer.Option(help="a `world build` folder")],
     model: Annotated[str | None, typer.Option(help="model dir (default: the shipped model)")] = None,
@@ -27,10 +34,7 @@ def train_probe_command(
     from ssr_server.engine.factory import resolve_model
     from ssr_server.train.reading_probe import ProbeConfig, format_probe, run_probe
 
-    if split not in ("train", "dev", "test"):
-        raise typer.BadParameter("split must be train, dev or test")
-    if not (world / "questions.jsonl").is_file():
-        raise typer.BadParameter(f"{world} is not a built world (no questions.jsonl)")
+    _check_world(world, split)
     try:
         result = run_probe(ProbeConfig(world=world, model=resolve_model(make_settings(model=model)),
                                        split=split, drills=drills, seed=seed, threads=threads,
@@ -70,10 +74,7 @@ def train_probe_features_command(
         run_feature_probe,
     )
 
-    if split not in ("train", "dev", "test"):
-        raise typer.BadParameter("split must be train, dev or test")
-    if not (world / "questions.jsonl").is_file():
-        raise typer.BadParameter(f"{world} is not a built world (no questions.jsonl)")
+    _check_world(world, split)
     try:
         result = run_feature_probe(FeatureProbeConfig(
             world=world, model=resolve_model(make_settings(model=model)), split=split,

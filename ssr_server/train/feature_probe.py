@@ -20,7 +20,6 @@ position and the output head does not turn it into the word.
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from ssr_server.train.picture_drills import ASPECTS
+from ssr_server.world.records import Question
 
 ATTRIBUTES: tuple[str, ...] = ASPECTS  # what a visual or detail question asks of its picture
 
@@ -155,34 +155,19 @@ def collect(model: Any, tok: Any, collate: Any, drills: list[Any], answer_open: 
 
 
 def run_feature_probe(cfg: FeatureProbeConfig) -> dict[str, Any]:
-    from transformers import AutoImageProcessor
-
-    from ssr_server.formats.format import get_format
-    from ssr_server.library import LibraryRegistry
-    from ssr_server.train.data import Collator
-    from ssr_server.train.picture_drills import PictureDrills
-    from ssr_server.train.setup import load_model, oracle_examples, split_questions, zoom_styled
-    from ssr_server.world.build import world_entities
-    from ssr_server.world.records import load_questions
+    from ssr_server.train.reading_probe import probe_setup
 
     unknown = [a for a in cfg.attributes if a not in ATTRIBUTES]
     if unknown:
         raise ValueError(f"unknown attribute(s) {unknown}: choose from {', '.join(ATTRIBUTES)}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    fmt = get_format()
-    model, tok = load_model(cfg.model)
-    model.eval()
-    split = split_questions(load_questions(cfg.world / "questions.jsonl"), cfg.split, None, cfg.seed)
-    questions = zoom_styled([q for q in split if q.kind == "visual"][: cfg.questions]
-                            + [q for q in split if q.kind == "detail"][: cfg.questions], cfg.zoom)
-    library = LibraryRegistry().get("default")
-    examples, _ = asyncio.run(oracle_examples(cfg.world, questions, tok, fmt, library, "ssr", progress=False))
-    drills = PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt, moves=False,
-                              zoom=cfg.zoom, zoom_jitter=cfg.zoom_jitter,
-                              zoom_edge_jitter=cfg.zoom_edge_jitter)
-    processor = AutoImageProcessor.from_pretrained(cfg.model, backend="pil")
-    collate = Collator(model, processor, tok.pad_token_id or 0)
+
+    def choose(split: list[Question]) -> list[Question]:
+        return ([q for q in split if q.kind == "visual"][: cfg.questions]
+                + [q for q in split if q.kind == "detail"][: cfg.questions])
+
+    setup = probe_setup(cfg.world, cfg.model, cfg.split, cfg.seed, choose, cfg.zoom, cfg.threads,
+                        cfg.zoom_jitter, cfg.zoom_edge_jitter)
+    model, tok, fmt, drills, collate = setup.model, setup.tok, setup.fmt, setup.drills, setup.collate
     answer_open = tok.encode(fmt.actions.answer.open, add_special_tokens=False)
     n_close = len(tok.encode(fmt.actions.answer.close, add_special_tokens=False))
     rng = random.Random(cfg.seed)

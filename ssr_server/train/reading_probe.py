@@ -13,13 +13,60 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ssr_server.world.records import Question
+
 KINDS = ("visual", "detail")
+
+
+@dataclass
+class ProbeSetup:
+    """What both probes start from: the model in eval mode, its tokenizer, the prompt format, the reading
+    drills of the chosen questions, and a collator for the model's pictures."""
+
+    model: Any
+    tok: Any
+    fmt: Any
+    drills: Any  # PictureDrills
+    collate: Any  # Collator
+
+
+def probe_setup(world: Path, model_dir: str, split: str, seed: int,
+                choose: Callable[[list[Question]], list[Question]], zoom: str, threads: int | None = None,
+                zoom_jitter: float = 0.0, zoom_edge_jitter: float = 0.0) -> ProbeSetup:
+    """Load ``model_dir`` and make reading drills (``moves=False``) of the questions ``choose`` keeps from
+    ``world``'s ``split``, their trajectories written at the ``zoom`` style."""
+    from transformers import AutoImageProcessor
+
+    from ssr_server.formats.format import get_format
+    from ssr_server.library import LibraryRegistry
+    from ssr_server.train.data import Collator
+    from ssr_server.train.picture_drills import PictureDrills
+    from ssr_server.train.setup import load_model, oracle_examples, split_questions, zoom_styled
+    from ssr_server.world.build import world_entities
+    from ssr_server.world.records import load_questions
+
+    if threads:
+        torch.set_num_threads(threads)
+    fmt = get_format()
+    model, tok = load_model(model_dir)
+    model.eval()
+    split_qs = split_questions(load_questions(world / "questions.jsonl"), split, None, seed)
+    questions = zoom_styled(choose(split_qs), zoom)
+    if not questions:
+        raise ValueError(f"no visual or detail question in split {split!r} of {world}")
+    library = LibraryRegistry().get("default")
+    examples, _ = asyncio.run(oracle_examples(world, questions, tok, fmt, library, "ssr", progress=False))
+    drills = PictureDrills.of(examples, questions, world_entities(world), tok, fmt, moves=False, zoom=zoom,
+                              zoom_jitter=zoom_jitter, zoom_edge_jitter=zoom_edge_jitter)
+    processor = AutoImageProcessor.from_pretrained(model_dir, backend="pil")
+    return ProbeSetup(model, tok, fmt, drills, Collator(model, processor, tok.pad_token_id or 0))
 
 
 @dataclass
@@ -49,34 +96,14 @@ def _exact(model: Any, collate: Any, batch: list[Any]) -> tuple[list[bool], floa
 
 def run_probe(cfg: ProbeConfig) -> dict[str, Any]:
     """Per kind: drills, exact-answer rate and cross-entropy with own pictures and with rotated ones."""
-    from transformers import AutoImageProcessor
+    from ssr_server.train.data import Example
 
-    from ssr_server.formats.format import get_format
-    from ssr_server.library import LibraryRegistry
-    from ssr_server.train.data import Collator, Example
-    from ssr_server.train.picture_drills import PictureDrills
-    from ssr_server.train.setup import load_model, oracle_examples, split_questions, zoom_styled
-    from ssr_server.world.build import world_entities
-    from ssr_server.world.records import load_questions
-
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    fmt = get_format()
-    model, tok = load_model(cfg.model)
-    model.eval()
-    split = split_questions(load_questions(cfg.world / "questions.jsonl"), cfg.split, None, cfg.seed)
-    questions = zoom_styled([q for q in split if q.kind in KINDS][: cfg.questions], cfg.zoom)
-    if not questions:
-        raise ValueError(f"no visual or detail question in split {cfg.split!r} of {cfg.world}")
-    library = LibraryRegistry().get("default")
-    examples, _ = asyncio.run(oracle_examples(cfg.world, questions, tok, fmt, library, "ssr", progress=False))
-    drills = PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt, moves=False,
-                              zoom=cfg.zoom)
+    setup = probe_setup(cfg.world, cfg.model, cfg.split, cfg.seed,
+                        lambda qs: [q for q in qs if q.kind in KINDS][: cfg.questions], cfg.zoom, cfg.threads)
+    model, collate, drills = setup.model, setup.collate, setup.drills
     if not drills.sources:
         raise ValueError("no reading drill could be made from the split's trajectories")
     drawn = drills.draw(cfg.drills, random.Random(cfg.seed))
-    processor = AutoImageProcessor.from_pretrained(cfg.model, backend="pil")
-    collate = Collator(model, processor, tok.pad_token_id or 0)
     kinds: dict[str, Any] = {}
     for kind in KINDS:
         own = [d for d in drawn if d.kind == kind]
