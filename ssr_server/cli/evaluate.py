@@ -91,12 +91,17 @@ def eval_command(
     concurrency: Annotated[int, typer.Option(min=1)] = 1,
     max_turns: Annotated[int, typer.Option()] = 6,
     reasoning_budget: Annotated[int, typer.Option(help="freeform: reasoning tokens per turn")] = 128,
+    tau: Annotated[float, typer.Option(help="selection temperature (0: argmax; > 0 samples, seeded per "
+                                            "question)")] = 0.0,
+    alpha: Annotated[float, typer.Option(help="length normalisation of the candidates' scores "
+                                              "(S = K^-alpha x sum of log-probs)")] = 1.0,
     seed: Annotated[int, typer.Option()] = 0,
     api_key: Annotated[str | None, typer.Option(envvar="SSR_API_KEY")] = None,
 ) -> None:
     """Task success, move accuracy and latency on a benchmark split, per question kind."""
     from ssr_server.agent.loop import RunOptions
     from ssr_server.batch.runner import LocalRunner, RemoteRunner, Runner
+    from ssr_server.errors import InvalidRequest
     from ssr_server.eval.report import format_summary
     from ssr_server.eval.runner import run_eval, select_questions, write_eval
     from ssr_server.library import LibraryRegistry
@@ -105,13 +110,18 @@ def eval_command(
     if not questions:
         raise typer.BadParameter(f"no {split} questions in {world}")
     options = RunOptions(mode=mode, library=library, label_only=label_only, max_turns=max_turns,
-                         reasoning_budget=reasoning_budget)
+                         reasoning_budget=reasoning_budget, tau=tau, alpha=alpha)
+    try:
+        options.validate()
+    except InvalidRequest as exc:
+        raise typer.BadParameter(str(exc)) from None
     settings = make_settings(model=model)
     lib = LibraryRegistry(settings.library_dirs).get(library)
     actions: dict[str, str] = {c.id: c.action for c in lib.candidates}
     meta: dict[str, Any] = {
         "world": str(world), "split": split, "mode": mode, "library": library, "label_only": label_only,
-        "questions": len(questions), "max_turns": max_turns, "server": server, "model": model, "seed": seed}
+        "questions": len(questions), "max_turns": max_turns, "server": server, "model": model, "seed": seed,
+        "tau": tau, "alpha": alpha}
 
     async def main() -> list[dict[str, Any]]:
         runner: Runner

@@ -40,6 +40,27 @@ def test_eval_of_the_random_tiny_model_runs_end_to_end(world_dir: Path, tmp_path
     assert "overall" in r.output and "success" in r.output
 
 
+def test_eval_passes_the_selection_settings_and_refuses_bad_ones(world_dir: Path, tmp_path: Path,
+                                                                  tiny_model_dir: Path) -> None:
+    env = {**os.environ, "SSR_MODEL": str(tiny_model_dir), "SSR_TORCH_THREADS": "1"}
+    chosen = {}
+    for alpha in ("0", "4"):
+        out = tmp_path / f"alpha{alpha}.json"
+        r = CliRunner().invoke(app, ["eval", "--world", str(world_dir), "--json", str(out), "--split", "test",
+                                     "--limit", "8", "--max-turns", "2", "--alpha", alpha], env=env)
+        assert r.exit_code == 0, r.output
+        data = json.loads(out.read_text())
+        assert data["settings"]["alpha"] == float(alpha) and data["settings"]["tau"] == 0.0
+        chosen[alpha] = [rec["chosen"] for rec in data["records"]]
+    # the random model's candidates differ in length, so the length normalisation changes its choices
+    assert chosen["0"] != chosen["4"]
+    for bad in (["--alpha", "-1"], ["--tau", "1000"]):
+        r = CliRunner().invoke(app, ["eval", "--world", str(world_dir), "--json", str(tmp_path / "x.json"),
+                                     "--limit", "2", *bad], env=env)
+        assert r.exit_code == 2 and "alpha" in r.output
+        assert not (tmp_path / "x.json").exists()
+
+
 def test_summary_by_hand() -> None:
     def rec(kind: str, correct: bool, chosen: list[str | None], gold: list[str], **kw: Any) -> dict[str, Any]:
         actions = kw.pop("actions", ["answer"] * len(chosen))
