@@ -30,13 +30,17 @@ def command_line() -> str:
                      *(shlex.quote(a) for a in sys.argv[1:])])
 
 
+def made_by(model_dir: str | Path) -> list[str] | None:
+    """The commands that made a model folder, as its ``ssr_tiny.json`` keeps them (None: no such file)."""
+    made = Path(model_dir) / "ssr_tiny.json"
+    return [str(c) for c in json.loads(made.read_text()).get("commands", [])] if made.is_file() else None
+
+
 def reproduce(world: Path, init: str | Path) -> list[str]:
     """Every command that made the model being trained, in order: the world's build (or the commands of
     the model it starts from, kept in that model's ``ssr_tiny.json``), then the running one."""
-    made = Path(init) / "ssr_tiny.json"
-    if made.is_file():
-        prior = [str(c) for c in json.loads(made.read_text()).get("commands", [])]
-    else:
+    prior = made_by(init)
+    if prior is None:
         manifest = world / "manifest.json"
         info = json.loads(manifest.read_text()) if manifest.is_file() else {}
         prior = [f"ssr-server world build {world} --entities {info['entities']} --seed {info['seed']}"] \

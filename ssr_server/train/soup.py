@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ssr_server.train.checkpoint import command_line, write_card
+from ssr_server.train.checkpoint import command_line, made_by, write_card
 
 # files that must be identical across the soup's models: the same architecture, vocabulary and pictures
 SAME_FILES = ("config.json", "tokenizer.json", "preprocessor_config.json")
@@ -50,11 +50,6 @@ def _shards(folder: Path) -> list[str]:
     return names
 
 
-def _commands(folder: Path) -> list[str]:
-    made = folder / "ssr_tiny.json"
-    return [str(c) for c in json.loads(made.read_text()).get("commands", [])] if made.is_file() else []
-
-
 def soup(models: Sequence[Path], out: Path, weights: Sequence[float] | None = None) -> dict[str, Any]:
     """Write the weighted average of ``models`` to ``out``; returns what the card records."""
     from safetensors.torch import load_file, save_file
@@ -77,15 +72,17 @@ def soup(models: Sequence[Path], out: Path, weights: Sequence[float] | None = No
         raise SoupError("--out must be a new folder, not one of the models")
     averaged: dict[str, dict[str, torch.Tensor]] = {}
     for name in shards:
-        states = [load_file(str(m / name)) for m in models]
-        keys = set(states[0])
-        for m, state in zip(models, states, strict=True):
-            if set(state) != keys or any(state[k].shape != states[0][k].shape for k in keys):
+        base = load_file(str(first / name))
+        # a running float32 sum whatever the stored dtype (one model's shard in memory beside it), stored
+        # at the end as the first model stores it
+        total = {k: mix[0] * v.float() for k, v in base.items()}
+        for m, w in zip(models[1:], mix[1:], strict=True):
+            state = load_file(str(m / name))
+            if set(state) != set(base) or any(state[k].shape != base[k].shape for k in base):
                 raise SoupError(f"{m}/{name} has other weight names or shapes than {first}/{name}")
-        # averaged in float32 whatever the stored dtype, then stored as the first model stores them
-        averaged[name] = {k: sum((w * s[k].float() for w, s in zip(mix, states, strict=True)),
-                                 torch.zeros_like(states[0][k], dtype=torch.float32)).to(states[0][k].dtype)
-                          for k in sorted(keys)}
+            for k, v in state.items():
+                total[k] += w * v.float()
+        averaged[name] = {k: total[k].to(base[k].dtype) for k in sorted(total)}
     out.mkdir(parents=True, exist_ok=True)
     for name in KEEP_FILES:
         if (first / name).is_file():
@@ -96,7 +93,7 @@ def soup(models: Sequence[Path], out: Path, weights: Sequence[float] | None = No
         save_file(state, str(out / name), metadata={"format": "pt"})
     commands: list[str] = []
     for m in models:  # each parent's chain, a command shared by two lineages listed once
-        commands += [c for c in _commands(m) if c not in commands]
+        commands += [c for c in made_by(m) or [] if c not in commands]
     commands.append(command_line())
     parents = [str(m) for m in models]
     (out / "ssr_tiny.json").write_text(json.dumps({"trained": "soup", "models": parents, "weights": mix,
