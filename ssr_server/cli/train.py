@@ -109,6 +109,9 @@ def train_sft_command(
     zoom_edge_jitter: Annotated[float, typer.Option(min=0.0, max=0.5, help=(
         "then each edge of a picture drill's crop moves by up to this share of the gold box's size: other "
         "rows and scales, as a model's own boxes have"))] = 0.0,
+    zoom_retry: Annotated[float, typer.Option(min=0.0, max=1.0, help=(
+        "share of the plaque's picture drills whose first zoom misses the plaque (moved sideways) and whose "
+        "second zoom finds it: a model that misses learns to look again"))] = 0.0,
     zoom_sign: Annotated[bool, typer.Option(help="questions about the big sign zoom on it before they answer "
                                                  "(the tiny tower cannot read it at the question image's "
                                                  "35 tokens); the world is not changed")] = False,
@@ -136,7 +139,8 @@ def train_sft_command(
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
                                   picture_moves=picture_moves, freeze_vision=freeze_vision,
                                   zoom=zoom_style(zoom), zoom_jitter=zoom_jitter,
-                                  zoom_edge_jitter=zoom_edge_jitter, zoom_sign=zoom_sign,
+                                  zoom_edge_jitter=zoom_edge_jitter, zoom_retry=zoom_retry,
+                                  zoom_sign=zoom_sign,
                                   zoom_count=zoom_count))
     _report_training(figures, out)
 

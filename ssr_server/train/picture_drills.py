@@ -23,10 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from PIL import Image
+
 from ssr_server.formats.format import PromptFormat
 from ssr_server.tools.zoom import zoom_crop
 from ssr_server.train.data import Example, png
-from ssr_server.train.zoom_targets import question_picture, target_style, zoom_target
+from ssr_server.train.zoom_retry import assistant_spans, miss_box, missed_zoom
+from ssr_server.train.zoom_targets import Box, question_picture, target_style, zoom_target
 from ssr_server.world.closed_sets import CHARS, SHAPES
 from ssr_server.world.closed_sets import char_kind as _kind
 from ssr_server.world.entities import Entity, Look, draw_look
@@ -106,13 +109,17 @@ class PictureDrills:
     drawing of drills."""
 
     def __init__(self, sources: Sequence[PictureSource], tok: Any, fmt: PromptFormat,
-                 zoom: str = "tight", zoom_jitter: float = 0.0, zoom_edge_jitter: float = 0.0) -> None:
+                 zoom: str = "tight", zoom_jitter: float = 0.0, zoom_edge_jitter: float = 0.0,
+                 zoom_retry: float = 0.0) -> None:
         self.sources = list(sources)
         self.tok = tok
         self.fmt = fmt
         self.zoom = zoom  # the zoom style of the sources' boxes, which drills keep
         self.zoom_jitter = zoom_jitter  # drills' crops move sideways (question_picture): off-centre reading
         self.zoom_edge_jitter = zoom_edge_jitter  # and each crop edge by up to this share of the gold size
+        self.zoom_retry = zoom_retry  # share of plaque drills whose first zoom misses (zoom_retry.py)
+        seen = fmt.observations.zoom.split("{placeholder}")[0].rstrip()
+        self._seen = (self._enc(seen.format(index=1)), self._enc(seen.format(index=2)))
 
     def _enc(self, text: str) -> tuple[int, ...]:
         return tuple(self.tok.encode(text, add_special_tokens=False))
@@ -123,14 +130,14 @@ class PictureDrills:
     @classmethod
     def of(cls, examples: Sequence[Example], questions: Sequence[Question], entities: Sequence[Entity],
            tok: Any, fmt: PromptFormat, *, moves: bool = True, zoom: str = "tight",
-           zoom_jitter: float = 0.0, zoom_edge_jitter: float = 0.0) -> PictureDrills:
+           zoom_jitter: float = 0.0, zoom_edge_jitter: float = 0.0, zoom_retry: float = 0.0) -> PictureDrills:
         """The sources among ``examples``: visual and detail trajectories (one image, or the question's
         and the zoomed crop) in which the answer and, for detail, the zoom box occur exactly once; with
         ``moves``, the first turns of search, two-hop and knowledge trajectories too. ``questions``' zoom
         boxes are in the ``zoom`` style (``setup.zoom_styled``), as the examples' are."""
         by_id = {q.id: q for q in questions}
         by_entity = {e.id: e for e in entities}
-        drills = cls([], tok, fmt, zoom, zoom_jitter, zoom_edge_jitter)
+        drills = cls([], tok, fmt, zoom, zoom_jitter, zoom_edge_jitter, zoom_retry)
         image_pad = int(tok.convert_tokens_to_ids("<|image_pad|>"))
         for ex in examples:
             q = by_id.get(ex.key.split("/", 1)[0])
@@ -193,6 +200,9 @@ class PictureDrills:
             images += (png(crop, compress_level=1),)
         if source.answer is not None:
             learnt.append(_swap(ids, mask, source.answer, self._answer(answer_of(look, source.aspect))))
+            if self.zoom_retry > 0 and source.target == "plaque" and source.box is not None \
+                    and source.inner is None:  # no draw without retries: old commands see old drills
+                return self._retry(source, ids, mask, images, picture, box, written, learnt[0], rng)
             # A reading drill's loss is on the answer (and box) only: the rationale and the tags are
             # learnt already, and averaged over ~65 such tokens the answer's gradient was ~1/65 of a
             # trajectory batch's under the same Adam statistics.
@@ -200,6 +210,24 @@ class PictureDrills:
             for a, b in learnt:
                 mask[a:b] = [True] * (b - a)
         return Example(source.example.key + "/picture", source.example.kind, tuple(ids), tuple(mask), images)
+
+    def _retry(self, source: PictureSource, ids: list[int], mask: list[bool], images: tuple[bytes, ...],
+               picture: Image.Image, gold: Box, written: Box, box_span: tuple[int, int],
+               rng: random.Random) -> Example:
+        """A plaque drill under ``zoom_retry``: with that chance its first zoom misses (``zoom_retry.py``);
+        either way the loss also covers the turns after the crop, which now decide whether to zoom again."""
+        miss = miss_box(written, gold, rng) if rng.random() < self.zoom_retry else None
+        spliced = None if miss is None else missed_zoom(ids, mask, self._box(written), self._box(miss),
+                                                        self._seen)
+        key = source.example.key + "/picture"
+        if spliced is not None and miss is not None:
+            images = (images[0], png(zoom_crop(picture, miss), compress_level=1), images[1])
+            return Example(key + "/retry", source.example.kind, tuple(spliced[0]), tuple(spliced[1]), images)
+        last = assistant_spans(mask)[-1]
+        learnt = [False] * len(ids)
+        for a, b in (box_span, last):
+            learnt[a:b] = [True] * (b - a)
+        return Example(key, source.example.kind, tuple(ids), tuple(learnt), images)
 
     def draw(self, n: int, rng: random.Random) -> list[Example]:
         """``n`` drills of sources drawn uniformly (with replacement), each with a fresh look."""

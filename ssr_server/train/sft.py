@@ -92,6 +92,7 @@ class SFTConfig:
     zoom: str = "tight"  # the zoom box detail trajectories and drills write (views.styled_box)
     zoom_jitter: float = 0.0  # picture drills' crops move sideways by up to this many gold widths
     zoom_edge_jitter: float = 0.0  # then each crop edge by up to this share of the gold box's size
+    zoom_retry: float = 0.0  # share of plaque drills whose first zoom misses, the second finds it
     zoom_sign: bool = False  # sign questions zoom on the big sign before answering (look_zoom.py)
     zoom_count: bool = False  # count questions zoom on the motif before answering
 
@@ -175,7 +176,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     picture_steps = sum(b == PICTURES for b in order[: cfg.steps])
     pictures = (PictureDrills.of(examples, questions, world_entities(cfg.world), tok, fmt,
                                  moves=cfg.picture_moves, zoom=cfg.zoom, zoom_jitter=cfg.zoom_jitter,
-                                 zoom_edge_jitter=cfg.zoom_edge_jitter)
+                                 zoom_edge_jitter=cfg.zoom_edge_jitter, zoom_retry=cfg.zoom_retry)
                 if cfg.pictures_every else None)
     if pictures is not None and not pictures.sources:
         raise ValueError("--pictures-every: no visual or detail trajectory to draw pictures for")

@@ -261,3 +261,52 @@ def test_coarse_style_zooms_into_the_strip_then_into_its_crop_at_the_wide_column
         once = zoom_crop(view, (inner[0], strip_box[1], inner[2], strip_box[3]))
         assert ImageChops.difference(once, _image(drill.images[2])).getbbox() is None
         assert len(drill.images) == 3 and drill.mask != source.example.mask
+
+
+def test_a_retry_drill_misses_the_plaque_then_zooms_on_it_and_learns_the_second_zoom(drills: Any) -> None:
+    """``zoom_retry``: the first zoom's crop shows no plaque, the second is the gold one, numbered 2; the
+    loss is on the second zoom turn and the answer turn, never on the missed box."""
+    from ssr_server.formats.format import get_format
+    from ssr_server.train.zoom_retry import plaque_columns
+
+    tok, d, _ = drills
+    always = PictureDrills(d.sources, tok, get_format(), zoom_retry=1.0)
+    details = [s for s in always.sources if s.box is not None]
+    assert details
+    for i, source in enumerate(details):
+        drill = always.drill(source, random.Random(i))
+        assert drill.key.endswith("/retry") and len(drill.images) == 3
+        text = tok.decode(list(drill.ids))
+        boxes = [json.loads(b) for b in re.findall(r"\"bbox_2d\": (\[[^\]]*\])", text)]
+        assert len(boxes) == 2 and boxes[0] != boxes[1]
+        assert re.findall(r"registry index (\d+)", text) == ["1", "2"]
+        picture = _image(drill.images[0])
+        for box, crop in zip(boxes, drill.images[1:], strict=True):
+            assert ImageChops.difference(zoom_crop(picture, tuple(box)), _image(crop)).getbbox() is None
+        plain = d.drill(source, random.Random(i))  # the same look: its box is the gold one
+        gold = json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", tok.decode(list(plain.ids)))[0])
+        assert boxes[1] == gold and _answer(tok, drill) == _answer(tok, plain)
+        learnt = tok.decode([t for t, m in zip(drill.ids, drill.mask, strict=True) if m])
+        assert learnt.count("bbox_2d") == 1 and str(boxes[1])[1:-1] in learnt
+        assert str(boxes[0])[1:-1] not in learnt and learnt.endswith(f"<answer>{_answer(tok, drill)}</answer>"
+                                                                     + "<|im_end|>")
+        # the missed box holds no column of the plaque that the gold (wide or tight) box is around
+        left, right = plaque_columns(source_gold(tok, plain))
+        assert boxes[0][2] <= left or boxes[0][0] >= right
+
+
+def source_gold(tok: Any, drill: Example) -> list[int]:
+    """The gold box of a tight-style drill: its zoom box."""
+    return list(json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", tok.decode(list(drill.ids)))[0]))
+
+
+def test_without_a_miss_a_retry_mode_drill_also_learns_the_turn_after_the_crop(drills: Any) -> None:
+    from ssr_server.formats.format import get_format
+
+    tok, d, _ = drills
+    never = PictureDrills(d.sources, tok, get_format(), zoom_retry=1e-12)
+    for i, source in enumerate(s for s in never.sources if s.box is not None):
+        drill, plain = never.drill(source, random.Random(i)), d.drill(source, random.Random(i))
+        assert drill.ids == plain.ids and drill.images == plain.images
+        learnt = tok.decode([t for t, m in zip(drill.ids, drill.mask, strict=True) if m])
+        assert learnt.count("bbox_2d") == 0 and "<thinking>" in learnt and "<answer>" in learnt
