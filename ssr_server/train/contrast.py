@@ -16,7 +16,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from ssr_server.train.data import Example
+from ssr_server.train.data import Example, occurrences
 from ssr_server.world.attributes import PERSON_ATTRIBUTES
 from ssr_server.world.records import Question
 from ssr_server.world.templates import fill, unfill
@@ -25,8 +25,7 @@ KEYS = ("born", "birthplace")  # the person attributes a two-hop question asks a
 
 
 def _find_last(ids: Sequence[int], part: Sequence[int], start: int = 0) -> int:
-    k = len(part)
-    hits = [i for i in range(start, len(ids) - k + 1) if tuple(ids[i : i + k]) == tuple(part)]
+    hits = occurrences(ids, part, start)
     return hits[-1] if hits else -1
 
 

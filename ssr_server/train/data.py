@@ -62,6 +62,12 @@ def assistant_mask(ids: Sequence[int], open_ids: Sequence[int], close_id: int) -
     return tuple(mask)
 
 
+def occurrences(ids: Sequence[int], part: Sequence[int], start: int = 0) -> list[int]:
+    """Every index from ``start`` on where the token run ``part`` begins in ``ids``."""
+    k, want = len(part), tuple(part)
+    return [i for i in range(start, len(ids) - k + 1) if tuple(ids[i : i + k]) == want]
+
+
 def png(image: Image.Image, compress_level: int = 6) -> bytes:
     """Lossless bytes of ``image``; level 1 is ~4x faster to write (pictures drawn during training)."""
     buf = io.BytesIO()

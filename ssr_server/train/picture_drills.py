@@ -27,7 +27,7 @@ from PIL import Image
 
 from ssr_server.formats.format import PromptFormat
 from ssr_server.tools.zoom import zoom_crop
-from ssr_server.train.data import Example, png
+from ssr_server.train.data import Example, occurrences, png
 from ssr_server.train.zoom_retry import assistant_spans, miss_box, missed_zoom
 from ssr_server.train.zoom_targets import Box, question_picture, target_style, zoom_target
 from ssr_server.world.closed_sets import CHARS, SHAPES
@@ -54,15 +54,10 @@ class PictureSource:
     inner: tuple[int, ...] | None = None  # the "coarse" style's second zoom call (on the strip's crop)
 
 
-def _find(ids: Sequence[int], part: Sequence[int]) -> list[int]:
-    k = len(part)
-    return [i for i in range(len(ids) - k + 1) if tuple(ids[i : i + k]) == tuple(part)]
-
-
 def _swap(ids: list[int], mask: list[bool], old: Sequence[int], new: Sequence[int]) -> tuple[int, int]:
     """Replace the one occurrence of ``old`` (checked when the source was made) by ``new``, in place;
     returns where ``new`` now is."""
-    at = _find(ids, old)[0]
+    at = occurrences(ids, old)[0]
     flag = mask[at]
     ids[at : at + len(old)] = list(new)
     mask[at : at + len(old)] = [flag] * len(new)
@@ -161,7 +156,7 @@ class PictureDrills:
             return None
         answer = self._answer(q.answer)
         boxes = [self._box(m.box) for m in zooms]
-        if len(_find(ex.ids, answer)) != 1 or any(len(_find(ex.ids, b)) != 1 for b in boxes):
+        if len(occurrences(ex.ids, answer)) != 1 or any(len(occurrences(ex.ids, b)) != 1 for b in boxes):
             return None
         kind = _kind(q.answer) if q.attribute == "char" else None
         return PictureSource(ex, e.look.motif, q.attribute, answer, boxes[0] if boxes else None,
@@ -217,10 +212,9 @@ class PictureDrills:
         """A plaque drill under ``zoom_retry``: with that chance its first zoom misses (``zoom_retry.py``);
         either way the loss also covers the turns after the crop, which now decide whether to zoom again."""
         miss = miss_box(written, gold, rng) if rng.random() < self.zoom_retry else None
-        spliced = None if miss is None else missed_zoom(ids, mask, self._box(written), self._box(miss),
-                                                        self._seen)
         key = source.example.key + "/picture"
-        if spliced is not None and miss is not None:
+        if miss is not None and (spliced := missed_zoom(ids, mask, self._box(written), self._box(miss),
+                                                        self._seen)) is not None:
             images = (images[0], png(zoom_crop(picture, miss), compress_level=1), images[1])
             return Example(key + "/retry", source.example.kind, tuple(spliced[0]), tuple(spliced[1]), images)
         last = assistant_spans(mask)[-1]

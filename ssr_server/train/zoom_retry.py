@@ -16,6 +16,7 @@ import math
 import random
 from collections.abc import Sequence
 
+from ssr_server.train.data import occurrences
 from ssr_server.world.views import ZOOM_PAD, shift_box
 
 Box = tuple[int, int, int, int]
@@ -62,8 +63,7 @@ def assistant_spans(mask: Sequence[bool]) -> list[tuple[int, int]]:
 
 
 def _find_once(ids: Sequence[int], part: Sequence[int]) -> int | None:
-    k = len(part)
-    hits = [i for i in range(len(ids) - k + 1) if tuple(ids[i : i + k]) == tuple(part)]
+    hits = occurrences(ids, part)
     return hits[0] if len(hits) == 1 else None
 
 

@@ -290,14 +290,9 @@ def test_a_retry_drill_misses_the_plaque_then_zooms_on_it_and_learns_the_second_
         assert learnt.count("bbox_2d") == 1 and str(boxes[1])[1:-1] in learnt
         assert str(boxes[0])[1:-1] not in learnt and learnt.endswith(f"<answer>{_answer(tok, drill)}</answer>"
                                                                      + "<|im_end|>")
-        # the missed box holds no column of the plaque that the gold (wide or tight) box is around
-        left, right = plaque_columns(source_gold(tok, plain))
+        # the missed box holds no column of the plaque its gold (tight-style) box is around
+        left, right = plaque_columns(gold)
         assert boxes[0][2] <= left or boxes[0][0] >= right
-
-
-def source_gold(tok: Any, drill: Example) -> list[int]:
-    """The gold box of a tight-style drill: its zoom box."""
-    return list(json.loads(re.findall(r"\"bbox_2d\": (\[[^\]]*\])", tok.decode(list(drill.ids)))[0]))
 
 
 def test_without_a_miss_a_retry_mode_drill_also_learns_the_turn_after_the_crop(drills: Any) -> None:
