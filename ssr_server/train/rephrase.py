@@ -14,11 +14,18 @@ picture reference): the picture reference in other words ("the pictured gate", "
 the question framed around its subject ("The Rossmir Bridge: where is it?"), a lead-in ("Tell me, ...")
 or a closing request. The question's tokens are swapped in place in the compact ids (the project's
 tokenizers keep words apart, as ``rename.py`` relies on too); everything else stays token for token.
+
+The picture kinds (visual, detail; only when asked for: ``pictures=True``) get other stems, in frames the
+big sign (answered from the picture) and the small plaque (zoomed first) share, so that the noun decides
+the move, not the sentence's shape: R32 answered 78 of 119 held-out detail questions ("The small plaque
+shows which character?") from the picture without zooming, after training on three frames only.
 """
 
 from __future__ import annotations
 
 import random
+import re
+import string
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +33,7 @@ from ssr_server.train.data import Example
 from ssr_server.world.attributes import PERSON_ATTRIBUTES
 from ssr_server.world.categories import CATEGORIES, PICTURE_REFS
 from ssr_server.world.records import Question
-from ssr_server.world.templates import capitalise, unfill
+from ssr_server.world.templates import DETAIL, VISUAL, capitalise, unfill
 
 # Other ways to point at the picture's subject; none is a form of PICTURE_REFS.
 PICTURE_ALTERNATIVES = ("the pictured {noun}", "the {noun} in this photo", "the {noun} seen here",
@@ -35,6 +42,27 @@ LEAD_INS = ("Tell me, {q}", "Quick question: {q}", "I would like to know: {q}")
 CLOSINGS = ("{Q} Please answer briefly.", "{Q} Thanks!")
 TOPICAL = "{Ref}: {q}"  # the question framed around its subject, the subject then named by a pronoun
 FACT_KINDS = ("search", "named", "knowledge")
+PICTURE_KINDS = ("visual", "detail")
+# Other stems of the picture kinds, by what they read (templates.VISUAL's aspects, "plaque" for detail);
+# the fields are the world's (templates.py). None is a held-out stem (tests/train/test_rephrase.py).
+PICTURE_STEMS: dict[str, tuple[str, ...]] = {
+    "plaque": ("Which character does the small {pn} show?", "What character is on the tiny {pn}?",
+               "Read the little {pn} for me: what character is on it?",
+               "What is printed on the small {pn} by the {rn}?",
+               "The tiny {pn} here: which character does it carry?",
+               "Look at the small {pn}: what character is written there?"),
+    "char": ("Which {kind} is on the sign {place}?", "Which {kind} does the large sign show?",
+             "Read the big sign for me: what {kind} is on it?",
+             "The big sign here: which {kind} does it carry?",
+             "Look at the big sign: what {kind} is written there?"),
+    "shape": ("Which shape is on the sign {place}?", "Which shape does the large sign show?",
+              "The big sign here: which shape does it carry?",
+              "Look at the big sign: what shape is drawn there?"),
+    "colour": ("Tell me the colour of the {cn}.", "Look at the {cn}: which colour do you see?",
+               "The {cn} here: which colour?", "Which colour can you see on the {cn}?"),
+    "count": ("How many {cnt} are on the {rn}?", "The {rn} here: how many {cnt} does it have?",
+              "Look at the {rn}: how many {cnt} can you count?", "Count the {cnt} on the {rn} for me."),
+}
 
 
 def _picture_noun(ref: str) -> str | None:
@@ -50,9 +78,46 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
+def _fields(stem: str, text: str) -> dict[str, str] | None:
+    """The values of ``stem``'s fields in ``text`` (made from it by ``templates.fill``), else None."""
+    pattern, seen = "", set()
+    for literal, field, _, _ in string.Formatter().parse(stem):
+        pattern += re.escape(literal)
+        if field:
+            pattern += f"(?P={field})" if field in seen else f"(?P<{field}>.+?)"
+            seen.add(field)
+    match = re.fullmatch(pattern, text) or re.fullmatch(pattern, _lower_first(text))
+    return match.groupdict() if match else None
+
+
+def _picture_rephrased(q: Question, rng: random.Random) -> str | None:
+    parts = q.template.split("/")
+    try:
+        aspect, stem = (("plaque", DETAIL[int(parts[1])]) if q.kind == "detail"
+                        else (parts[1], VISUAL[parts[1]][int(parts[2])]))
+    except (IndexError, KeyError, ValueError):
+        return None
+    fields = _fields(stem, q.question)
+    if fields is None:
+        return None
+    options = [s for s in PICTURE_STEMS.get(aspect, ())
+               if {f for _, f, _, _ in string.Formatter().parse(s) if f} <= fields.keys()]
+    if not options:
+        return None
+    question = capitalise(rng.choice(options).format(**fields))
+    frame = rng.randrange(3)
+    if frame == 0 and question.endswith("?") and ":" not in question:
+        return rng.choice(LEAD_INS).format(q=_lower_first(question))
+    if frame == 1 and question.endswith("?"):
+        return rng.choice(CLOSINGS).format(Q=question)
+    return question
+
+
 def rephrased(q: Question, rng: random.Random) -> str | None:
-    """Another phrasing of ``q`` (a training question of a fact or two-hop kind), or None when ``q``'s
-    template is not one we can take apart."""
+    """Another phrasing of ``q`` (a training question), or None when ``q``'s template is not one we can
+    take apart."""
+    if q.kind in PICTURE_KINDS:
+        return _picture_rephrased(q, rng)
     parts = q.template.split("/")
     if q.kind not in (*FACT_KINDS, "two_hop") or len(parts) != 4:
         return None
@@ -82,13 +147,16 @@ def rephrased(q: Question, rng: random.Random) -> str | None:
 
 
 class Rephraser:
-    """Rephrases each drawn example's question with probability ``share`` (deterministic for ``rng``)."""
+    """Rephrases each drawn example's question with probability ``share`` (deterministic for ``rng``);
+    the fact and two-hop kinds, and with ``pictures`` the visual and detail ones too."""
 
-    def __init__(self, tok: Any, questions: Sequence[Question], share: float = 0.5) -> None:
+    def __init__(self, tok: Any, questions: Sequence[Question], share: float = 0.5,
+                 pictures: bool = False) -> None:
         if not 0 <= share <= 1:
             raise ValueError("the rephrased share is a probability")
         self.tok, self.share = tok, share
-        self.questions = {q.id: q for q in questions if q.kind in (*FACT_KINDS, "two_hop")}
+        kinds = (*FACT_KINDS, "two_hop", *(PICTURE_KINDS if pictures else ()))
+        self.questions = {q.id: q for q in questions if q.kind in kinds}
         self._tokens: dict[str, tuple[int, ...]] = {}
 
     def _enc(self, text: str) -> tuple[int, ...]:

@@ -77,6 +77,7 @@ class SFTConfig:
     drill_calls: str = "first"  # query drills of each trajectory's first text search, or "all" of them
     drills_repeat: bool = False  # drills drawn from the --repeat-weighted pool (else each trajectory once)
     rephrase: float = 0.0  # share of drawn fact and two-hop questions asked in other words (rephrase.py)
+    rephrase_pictures: bool = False  # visual and detail questions too, in trajectories and picture drills
     drill_contrast: bool = False  # each two-hop second query drill also asked the other way (contrast.py)
     copy_every: int = 0  # every Nth step is a batch of the synthetic copying task (copying.py); 0: never
     copy_warmup: int = 0  # steps of the copying task alone before the first SFT batch (lengths widen
@@ -136,7 +137,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collate = Collator(model, processor, tok.pad_token_id or 0)
     renamer = Renamer(tok, questions) if cfg.rename else None
-    rephraser = Rephraser(tok, questions, cfg.rephrase) if cfg.rephrase else None
+    rephraser = Rephraser(tok, questions, cfg.rephrase, cfg.rephrase_pictures) if cfg.rephrase else None
     trained = trainable(model, cfg.freeze_vision)
     optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     config = {k: str(v) for k, v in asdict(cfg).items()}
@@ -201,6 +202,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                 if isinstance(drawn, str):  # PICTURES; seeded per step, like the names
                     assert pictures is not None  # the schedule holds PICTURES only with picture drills
                     drawn = pictures.draw(cfg.pictures_batch, random.Random(cfg.seed * 1_000_003 + step))
+                    if rephraser is not None and cfg.rephrase_pictures:  # its own RNG: the drills stay
+                        drawn = rephraser(drawn, random.Random(cfg.seed * 1_000_003 + step + 0x91C))
                 else:  # seeded per step: a resumed run draws the same names and phrasings
                     if rephraser is not None:  # before renaming: it finds the question as written
                         drawn = rephraser(drawn, random.Random(cfg.seed * 1_000_003 + step + 0x5EED))

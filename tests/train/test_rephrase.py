@@ -14,7 +14,7 @@ from ssr_server.train.rephrase import Rephraser, rephrased
 from ssr_server.world.attributes import PERSON_ATTRIBUTES
 from ssr_server.world.categories import CATEGORIES, PICTURE_REFS
 from ssr_server.world.records import Question
-from ssr_server.world.templates import unfill
+from ssr_server.world.templates import DETAIL, VISUAL, unfill
 
 
 def said(ex: Example) -> list[int]:
@@ -30,7 +30,13 @@ def train(world_dir: Path) -> list[Question]:
 
 def _held_out_stems() -> list[str]:
     specs = [*PERSON_ATTRIBUTES.values(), *(s for c in CATEGORIES.values() for s in c.attributes)]
-    return [spec.questions[-1] for spec in specs]
+    return [spec.questions[-1] for spec in specs] + [DETAIL[-1]] + [stems[-1] for stems in VISUAL.values()]
+
+
+def _from_stem(stem: str, text: str) -> bool:
+    """Whether ``text`` could be ``stem`` filled with any field values."""
+    pattern = re.sub(r"\\\{\w+\\\}", ".+", re.escape(stem))
+    return re.fullmatch(pattern, text, re.IGNORECASE) is not None
 
 
 def test_no_rephrasing_is_a_held_out_form(train: list[Question]) -> None:
@@ -45,8 +51,35 @@ def test_no_rephrasing_is_a_held_out_form(train: list[Question]) -> None:
             made += 1
             assert not held_ref.search(text), text
             assert all(unfill(stem, "ref", text) is None for stem in stems), text
+            assert not any(_from_stem(stem, text) for stem in stems), text
     kinds = {q.kind for q in train if rephrased(q, random.Random(0)) is not None}
-    assert made > 100 and kinds == {"search", "named", "knowledge", "two_hop"}
+    assert made > 100 and kinds == {"search", "named", "knowledge", "two_hop", "visual", "detail"}
+
+
+def test_the_held_out_check_sees_a_held_out_picture_question() -> None:
+    assert _from_stem(DETAIL[-1], "The small badge shows which character?")
+    assert not _from_stem(DETAIL[-1], "Which character does the small badge show?")
+
+
+def test_a_picture_question_keeps_its_noun_and_the_sign_and_the_plaque_share_frames(
+        train: list[Question]) -> None:
+    rng = random.Random(2)
+    frames: dict[str, set[str]] = {"plaque": set(), "sign": set()}
+    for q in (q for q in train if q.kind in ("visual", "detail")):
+        texts = {rephrased(q, rng) for _ in range(20)} - {None}
+        assert len(texts) > 2, q.question
+        if q.kind == "detail":  # the plaque's noun stays (the move and the crop are about it)
+            noun = re.search(r"(?:small|little|tiny) (\w+)", q.question)
+            assert noun and all(f" {noun.group(1)}" in t for t in texts if t), (q.question, texts)
+        if q.attribute in ("char", "shape", "plaque"):
+            which = "plaque" if q.kind == "detail" else "sign"
+            frames[which] |= {re.sub(r"\b(character|letter|number|shape)\b", "Y",
+                                     re.sub(r"(small|little|tiny|big|large) \w+|sign[^:?]*", "X", t))
+                              for t in texts if t}
+        if q.attribute == "char":  # a letter question stays a letter question
+            kind = "number" if "number" in q.question else "letter"
+            assert all(kind in t for t in texts if t), texts
+    assert len(frames["plaque"] & frames["sign"]) >= 2  # the noun, not the frame, tells them apart
 
 
 def test_a_rephrasing_keeps_what_the_question_is_about(train: list[Question]) -> None:
@@ -55,8 +88,6 @@ def test_a_rephrasing_keeps_what_the_question_is_about(train: list[Question]) ->
         texts = {rephrased(q, rng) for _ in range(30)} - {None}
         if q.kind == "named":
             assert texts and all(q.entity.split()[-1] in t for t in texts if t)  # the name is copied
-        if q.kind in ("visual", "detail"):
-            assert not texts
         if q.kind == "two_hop":  # the attribute is asked in the same words: only frame and picture change
             for word in ("year", "town", "when", "where", "birthplace"):
                 if word in q.question.lower():
@@ -77,12 +108,12 @@ def test_rephraser_swaps_the_question_tokens_only(world_dir: Path, train: list[Q
                                                     progress=False))
     assert dropped == 0
 
-    always = Rephraser(tok, train, share=1.0)
+    always, pictures = Rephraser(tok, train, share=1.0), Rephraser(tok, train, share=1.0, pictures=True)
     for q, ex in zip(picked, examples, strict=True):
+        if q.kind == "visual":  # only when asked for
+            assert all(always.example(ex, random.Random(s)) is ex for s in range(12))
+            always = pictures
         outs = [always.example(ex, random.Random(s)) for s in range(12)]
-        if q.kind == "visual":
-            assert all(o is ex for o in outs)
-            continue
         changed = [o for o in outs if o.ids != ex.ids]
         assert changed and all(said(o) == said(ex) and o.images == ex.images for o in outs)
         for s, o in enumerate(outs):
@@ -116,3 +147,26 @@ def test_sft_rephrases_what_it_draws(world_dir: Path, tmp_path: Path,
     changed = [(a, b) for a, b in pairs if a.ids != b.ids]
     assert changed and all(a.kind in ("search", "named", "knowledge", "two_hop") for a, _ in changed)
     assert all(said(a) == said(b) for a, b in pairs)
+
+
+def test_sft_rephrases_picture_questions_in_trajectories_and_drills_only_when_asked(
+        world_dir: Path, tmp_path: Path, sft_batches: list[list[Example]]) -> None:
+    from ssr_server.train import sft
+
+    def run(pictures: bool) -> list[list[Example]]:
+        sft_batches.clear()
+        out = tmp_path / f"pictures-{pictures}"
+        sft.train_sft(sft.SFTConfig(world=world_dir, out=out, init="64x1", steps=2,
+                                    batch_size=8, limit=48, warmup=1, threads=1, rephrase=1.0,
+                                    rephrase_pictures=pictures, pictures_every=2, pictures_batch=12,
+                                    cache_examples=False), progress=False)
+        return list(sft_batches)
+
+    plain, both = run(False), run(True)
+    assert [[e.key for e in b] for b in plain] == [[e.key for e in b] for b in both]
+    pairs = [(a, b) for pa, pb in zip(plain, both, strict=True) for a, b in zip(pa, pb, strict=True)]
+    assert all(said(a) == said(b) and a.images == b.images for a, b in pairs)
+    changed = {(a.kind, a.key.endswith("/picture")) for a, b in pairs if a.ids != b.ids}
+    assert {("visual", True), ("detail", True)} <= changed  # the drills' questions too
+    unchanged = {a.kind for a, b in pairs if a.ids == b.ids}
+    assert not {"visual", "detail"} & unchanged - {k for k, _ in changed}
