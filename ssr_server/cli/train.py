@@ -86,6 +86,9 @@ def train_sft_command(
     rephrase_pictures: Annotated[bool, typer.Option(help="--rephrase also the visual and detail questions "
                                                          "(frames the sign and the plaque share), in "
                                                          "trajectories and picture drills")] = False,
+    rephrase_refs: Annotated[bool, typer.Option(help="--rephrase draws picture references from a longer "
+                                                     "list (\"the gate in the photo\", \"... in the shot\")")
+                             ] = False,
     drill_contrast: Annotated[bool, typer.Option(help="each two-hop second query drill also asked about the "
                                                       "other person attribute (born / birthplace)")] = False,
     copy_every: Annotated[int, typer.Option(min=0, help="every Nth step a batch of the synthetic copying "
@@ -128,8 +131,8 @@ def train_sft_command(
         raise typer.BadParameter("format must be ssr or freeform")
     if copy_every == 1:
         raise typer.BadParameter("--copy-every takes 0 (never) or N >= 2 (every Nth step)")
-    if rephrase_pictures and not rephrase:
-        raise typer.BadParameter("--rephrase-pictures needs a --rephrase share above 0")
+    if (rephrase_pictures or rephrase_refs) and not rephrase:
+        raise typer.BadParameter("--rephrase-pictures and --rephrase-refs need a --rephrase share above 0")
     if drill_calls not in ("first", "all"):
         raise typer.BadParameter("--drill-calls takes first or all")
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
@@ -140,7 +143,8 @@ def train_sft_command(
                                   drill_sizes=_int_pair(drill_sizes, "--drill-sizes"),
                                   drill_calls=drill_calls, drills_repeat=drills_repeat,
                                   drill_contrast=drill_contrast, rephrase=rephrase,
-                                  rephrase_pictures=rephrase_pictures, copy_every=copy_every,
+                                  rephrase_pictures=rephrase_pictures, rephrase_refs=rephrase_refs,
+                                  copy_every=copy_every,
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,
                                   picture_moves=picture_moves, freeze_vision=freeze_vision,

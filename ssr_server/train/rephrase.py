@@ -38,6 +38,13 @@ from ssr_server.world.templates import DETAIL, VISUAL, capitalise, unfill
 # Other ways to point at the picture's subject; none is a form of PICTURE_REFS.
 PICTURE_ALTERNATIVES = ("the pictured {noun}", "the {noun} in this photo", "the {noun} seen here",
                         "the {noun} in the photograph", "the {noun} you can see", "this very {noun}")
+# More of them (``more_refs``): "the" as well as "this" before the picture's container word, and other such
+# words. Without them R34 started 36 of 60 held-out search questions ("the lighthouse in the image") with a
+# text search, and as many when "image" became "photo", but none with "photograph" or "this image": the
+# frame "in the <word>" had been seen with one word only.
+MORE_PICTURE_ALTERNATIVES = (*PICTURE_ALTERNATIVES, "the {noun} in the picture", "the {noun} in the photo",
+                             "the {noun} in the shot", "the {noun} in this shot",
+                             "the {noun} in the snapshot", "the {noun} in the frame")
 LEAD_INS = ("Tell me, {q}", "Quick question: {q}", "I would like to know: {q}")
 CLOSINGS = ("{Q} Please answer briefly.", "{Q} Thanks!")
 TOPICAL = "{Ref}: {q}"  # the question framed around its subject, the subject then named by a pronoun
@@ -113,9 +120,9 @@ def _picture_rephrased(q: Question, rng: random.Random) -> str | None:
     return question
 
 
-def rephrased(q: Question, rng: random.Random) -> str | None:
+def rephrased(q: Question, rng: random.Random, refs: Sequence[str] = PICTURE_ALTERNATIVES) -> str | None:
     """Another phrasing of ``q`` (a training question), or None when ``q``'s template is not one we can
-    take apart."""
+    take apart; a picture reference becomes one of ``refs``."""
     if q.kind in PICTURE_KINDS:
         return _picture_rephrased(q, rng)
     parts = q.template.split("/")
@@ -133,7 +140,7 @@ def rephrased(q: Question, rng: random.Random) -> str | None:
         return None
     noun = _picture_noun(inner)
     if noun is not None and rng.random() < 0.6:
-        inner = rng.choice(PICTURE_ALTERNATIVES).format(noun=noun)
+        inner = rng.choice(refs).format(noun=noun)
     ref = role.format(ref=inner)
     frame = rng.randrange(4)
     if frame == 0 and not stem.startswith("{"):
@@ -148,13 +155,15 @@ def rephrased(q: Question, rng: random.Random) -> str | None:
 
 class Rephraser:
     """Rephrases each drawn example's question with probability ``share`` (deterministic for ``rng``);
-    the fact and two-hop kinds, and with ``pictures`` the visual and detail ones too."""
+    the fact and two-hop kinds, with ``pictures`` the visual and detail ones too, with ``more_refs`` the
+    picture references drawn from MORE_PICTURE_ALTERNATIVES."""
 
     def __init__(self, tok: Any, questions: Sequence[Question], share: float = 0.5,
-                 pictures: bool = False) -> None:
+                 pictures: bool = False, more_refs: bool = False) -> None:
         if not 0 <= share <= 1:
             raise ValueError("the rephrased share is a probability")
         self.tok, self.share = tok, share
+        self.refs = MORE_PICTURE_ALTERNATIVES if more_refs else PICTURE_ALTERNATIVES
         kinds = (*FACT_KINDS, "two_hop", *(PICTURE_KINDS if pictures else ()))
         self.questions = {q.id: q for q in questions if q.kind in kinds}
         self._tokens: dict[str, tuple[int, ...]] = {}
@@ -172,7 +181,7 @@ class Rephraser:
         old = self._tokens[q.id]
         at = [i for i in range(len(ex.ids) - len(old) + 1)
               if ex.ids[i] == old[0] and ex.ids[i : i + len(old)] == old]
-        text = rephrased(q, rng)
+        text = rephrased(q, rng, self.refs)
         if len(at) != 1 or text is None or any(ex.mask[at[0] : at[0] + len(old)]):
             return ex
         new, i = self._enc(text), at[0]

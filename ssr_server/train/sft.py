@@ -78,6 +78,7 @@ class SFTConfig:
     drills_repeat: bool = False  # drills drawn from the --repeat-weighted pool (else each trajectory once)
     rephrase: float = 0.0  # share of drawn fact and two-hop questions asked in other words (rephrase.py)
     rephrase_pictures: bool = False  # visual and detail questions too, in trajectories and picture drills
+    rephrase_refs: bool = False  # picture references from rephrase.MORE_PICTURE_ALTERNATIVES
     drill_contrast: bool = False  # each two-hop second query drill also asked the other way (contrast.py)
     copy_every: int = 0  # every Nth step is a batch of the synthetic copying task (copying.py); 0: never
     copy_warmup: int = 0  # steps of the copying task alone before the first SFT batch (lengths widen
@@ -137,7 +138,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collate = Collator(model, processor, tok.pad_token_id or 0)
     renamer = Renamer(tok, questions) if cfg.rename else None
-    rephraser = Rephraser(tok, questions, cfg.rephrase, cfg.rephrase_pictures) if cfg.rephrase else None
+    rephraser = (Rephraser(tok, questions, cfg.rephrase, cfg.rephrase_pictures, cfg.rephrase_refs)
+                 if cfg.rephrase else None)
     trained = trainable(model, cfg.freeze_vision)
     optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     config = {k: str(v) for k, v in asdict(cfg).items()}

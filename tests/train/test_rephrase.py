@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ssr_server.train.data import Example
-from ssr_server.train.rephrase import Rephraser, rephrased
+from ssr_server.train.rephrase import MORE_PICTURE_ALTERNATIVES, PICTURE_ALTERNATIVES, Rephraser, rephrased
 from ssr_server.world.attributes import PERSON_ATTRIBUTES
 from ssr_server.world.categories import CATEGORIES, PICTURE_REFS
 from ssr_server.world.records import Question
@@ -42,18 +42,20 @@ def _from_stem(stem: str, text: str) -> bool:
 def test_no_rephrasing_is_a_held_out_form(train: list[Question]) -> None:
     held_ref = re.compile(re.escape(PICTURE_REFS[-1]).replace(re.escape("{noun}"), r"\w+"), re.IGNORECASE)
     stems = _held_out_stems()
-    rng, made = random.Random(0), 0
+    rng, made, wider = random.Random(0), 0, 0
     for q in train:
-        for _ in range(6):
-            text = rephrased(q, rng)
+        for i in range(6):
+            text = rephrased(q, rng, MORE_PICTURE_ALTERNATIVES if i % 2 else PICTURE_ALTERNATIVES)
             if text is None:
                 continue
             made += 1
+            wider += bool(re.search(r" in the (picture|photo|shot|snapshot|frame)\b", text))
             assert not held_ref.search(text), text
             assert all(unfill(stem, "ref", text) is None for stem in stems), text
             assert not any(_from_stem(stem, text) for stem in stems), text
     kinds = {q.kind for q in train if rephrased(q, random.Random(0)) is not None}
     assert made > 100 and kinds == {"search", "named", "knowledge", "two_hop", "visual", "detail"}
+    assert wider > 10  # the longer list is drawn from
 
 
 def test_the_held_out_check_sees_a_held_out_picture_question() -> None:
@@ -122,6 +124,10 @@ def test_rephraser_swaps_the_question_tokens_only(world_dir: Path, train: list[Q
                 list(ex.ids)).count("<|im_start|>")
         assert always.example(ex, random.Random(3)) == outs[3]  # deterministic for the rng
     assert Rephraser(tok, train, share=0.0)(examples, random.Random(0)) == examples
+    search = examples[[q.kind for q in picked].index("search")]
+    wide = Rephraser(tok, train, share=1.0, more_refs=True)
+    texts = [tok.decode(list(wide.example(search, random.Random(s)).ids)) for s in range(60)]
+    assert any(re.search(r" in the (picture|photo|shot|snapshot|frame)\b", t) for t in texts)
     with pytest.raises(ValueError):
         Rephraser(tok, train, share=1.5)
 
