@@ -38,6 +38,24 @@ def test_sft_passes_a_reading_phase_and_annealing_by_time(tmp_path: Path,
         0, True, False, False)
 
 
+def test_sft_passes_the_picture_rephrasings_and_refuses_them_without_a_share(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ssr_server.train import sft
+
+    seen: list[Any] = []
+    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
+    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
+    base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [*base, "--rephrase", "0.5", "--rephrase-pictures", "--rephrase-refs"])
+    assert result.exit_code == 0, result.output
+    assert (seen[0].rephrase, seen[0].rephrase_pictures, seen[0].rephrase_refs) == (0.5, True, True)
+    for flag in ("--rephrase-pictures", "--rephrase-refs"):
+        result = CliRunner().invoke(app, [*base, flag])
+        assert result.exit_code == 2 and flag in result.output and len(seen) == 1, flag
+    CliRunner().invoke(app, base)
+    assert (seen[1].rephrase_pictures, seen[1].rephrase_refs) == (False, False)
+
+
 def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from ssr_server.train import grpo
