@@ -24,8 +24,6 @@ shows which character?") from the picture without zooming, after training on thr
 from __future__ import annotations
 
 import random
-import re
-import string
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +31,7 @@ from ssr_server.train.data import Example
 from ssr_server.world.attributes import PERSON_ATTRIBUTES
 from ssr_server.world.categories import CATEGORIES, PICTURE_REFS
 from ssr_server.world.records import Question
-from ssr_server.world.templates import DETAIL, VISUAL, capitalise, unfill
+from ssr_server.world.templates import DETAIL, VISUAL, capitalise, stem_fields, unfill, unfill_fields
 
 # Other ways to point at the picture's subject; none is a form of PICTURE_REFS.
 PICTURE_ALTERNATIVES = ("the pictured {noun}", "the {noun} in this photo", "the {noun} seen here",
@@ -70,6 +68,7 @@ PICTURE_STEMS: dict[str, tuple[str, ...]] = {
     "count": ("How many {cnt} are on the {rn}?", "The {rn} here: how many {cnt} does it have?",
               "Look at the {rn}: how many {cnt} can you count?", "Count the {cnt} on the {rn} for me."),
 }
+_STEM_FIELDS = {aspect: tuple((s, stem_fields(s)) for s in stems) for aspect, stems in PICTURE_STEMS.items()}
 
 
 def _picture_noun(ref: str) -> str | None:
@@ -85,18 +84,6 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-def _fields(stem: str, text: str) -> dict[str, str] | None:
-    """The values of ``stem``'s fields in ``text`` (made from it by ``templates.fill``), else None."""
-    pattern, seen = "", set()
-    for literal, field, _, _ in string.Formatter().parse(stem):
-        pattern += re.escape(literal)
-        if field:
-            pattern += f"(?P={field})" if field in seen else f"(?P<{field}>.+?)"
-            seen.add(field)
-    match = re.fullmatch(pattern, text) or re.fullmatch(pattern, _lower_first(text))
-    return match.groupdict() if match else None
-
-
 def _picture_rephrased(q: Question, rng: random.Random) -> str | None:
     parts = q.template.split("/")
     try:
@@ -104,11 +91,10 @@ def _picture_rephrased(q: Question, rng: random.Random) -> str | None:
                         else (parts[1], VISUAL[parts[1]][int(parts[2])]))
     except (IndexError, KeyError, ValueError):
         return None
-    fields = _fields(stem, q.question)
+    fields = unfill_fields(stem, q.question)
     if fields is None:
         return None
-    options = [s for s in PICTURE_STEMS.get(aspect, ())
-               if {f for _, f, _, _ in string.Formatter().parse(s) if f} <= fields.keys()]
+    options = [s for s, needs in _STEM_FIELDS.get(aspect, ()) if needs <= fields.keys()]
     if not options:
         return None
     question = capitalise(rng.choice(options).format(**fields))

@@ -8,6 +8,7 @@ pictured thing, ``{place}`` where the sign stands, ``{kind}`` "number"/"letter",
 from __future__ import annotations
 
 import re
+import string
 
 VISUAL: dict[str, tuple[str, ...]] = {
     "colour": ("What colour {be} the {cn} in this picture?", "What is the colour of the {cn} shown here?",
@@ -44,6 +45,25 @@ def unfill(template: str, field: str, text: str) -> str | None:
         return None
     value = match.group(1)
     return value[:1].lower() + value[1:] if mark == big else value
+
+
+def stem_fields(stem: str) -> frozenset[str]:
+    """The names of ``stem``'s fields ("{cn}" -> "cn")."""
+    return frozenset(f for _, f, _, _ in string.Formatter().parse(stem) if f)
+
+
+def unfill_fields(stem: str, text: str) -> dict[str, str] | None:
+    """Every field's value in ``text`` made from ``stem`` by ``str.format`` (a field used twice holds the
+    same value both times), also when ``text`` was capitalised; None when ``text`` was not made from
+    ``stem``. Values match as few characters as they can, left to right."""
+    pattern, seen = "", set()
+    for literal, field, _, _ in string.Formatter().parse(stem):
+        pattern += re.escape(literal)
+        if field:
+            pattern += f"(?P={field})" if field in seen else f"(?P<{field}>.+?)"
+            seen.add(field)
+    match = re.fullmatch(pattern, text) or re.fullmatch(pattern, text[:1].lower() + text[1:])
+    return match.groupdict() if match else None
 
 
 def fill(stem: str, **fields: str) -> str:
