@@ -163,6 +163,9 @@ def train_vision_command(
     batch_size: Annotated[int, typer.Option(min=1, help="pictures per step")] = 32,
     lr: Annotated[float, typer.Option()] = 1e-3,
     reinit: Annotated[bool, typer.Option(help="start the tower from fresh weights")] = False,
+    grow: Annotated[int, typer.Option(min=0, max=8, help=(
+        "append this many blocks to the tower, each starting as the identity (the language model reads "
+        "the same tokens until training moves them)"))] = 0,
     seed: Annotated[int, typer.Option()] = 0,
     max_minutes: Annotated[float, typer.Option(help="wall-clock budget; saves and stops")] = 28.0,
     threads: Annotated[int | None, typer.Option(help="torch threads (default: all cores)")] = None,
@@ -205,7 +208,8 @@ def train_vision_command(
     if not chosen or set(chosen) - set(LABELS) - set(EXTRA):
         raise typer.BadParameter(f"--heads takes some of {', '.join([*LABELS, *EXTRA])}")
     figures = train_vision(VisionConfig(init=init, out=out, steps=steps, batch_size=batch_size, lr=lr,
-                                        reinit=reinit, seed=seed, max_minutes=max_minutes, threads=threads,
+                                        reinit=reinit, grow=grow, seed=seed, max_minutes=max_minutes,
+                                        threads=threads,
                                         heads=chosen, known_share=known_share, anchor=anchor,
                                         anchor_crops=anchor_crops,
                                         image_pixels=image_pixels, max_pixels=max_pixels,

@@ -77,6 +77,7 @@ class VisionConfig:
     warmup: int = 50
     weight_decay: float = 0.01
     reinit: bool = False
+    grow: int = 0  # identity-initialised blocks appended to the tower before training (``grow_tower``)
     seed: int = 0
     threads: int | None = None
     max_minutes: float = 28.0
@@ -256,6 +257,26 @@ def reinit_tower(tower: torch.nn.Module, generator: torch.Generator) -> None:
             merger.linear_fc2.bias.zero_()
 
 
+def grow_tower(model: Any, extra: int) -> None:
+    """Append ``extra`` blocks to the vision tower that start as the identity (copies of its last block
+    with the attention's and the MLP's output projections at zero), so that every token the language
+    model reads is unchanged until training moves them: more depth for what a 2-layer tower does not
+    tell apart, without losing what SFT taught the language model to read. The deepstack features come
+    from the blocks they came from before; the config's depth follows."""
+    tower = model.model.visual
+    for _ in range(extra):
+        block = copy.deepcopy(tower.blocks[-1])
+        with torch.no_grad():
+            for layer in (block.attn.proj, block.mlp.linear_fc2):
+                layer.weight.zero_()
+                if layer.bias is not None:
+                    layer.bias.zero_()
+        tower.blocks.append(block)
+    depth = len(tower.blocks)
+    model.config.vision_config.depth = depth
+    tower.config.depth = depth
+
+
 def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
     """Train ``cfg.init``'s vision tower, save the whole model to ``cfg.out`` and return the figures."""
     from transformers import AutoImageProcessor
@@ -274,6 +295,8 @@ def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:
     cfg.out.mkdir(parents=True, exist_ok=True)
     write_processor_config(cfg.out, pixels)  # trained at the size the result will see pictures at
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
+    if cfg.grow:
+        grow_tower(model, cfg.grow)
     trainer = TowerTrainer(model, processor, cfg.heads, cfg.anchor, cfg.anchor_crops)
     share = cfg.known_share if "known" in cfg.heads else 0.0
     if cfg.reinit:

@@ -20,6 +20,7 @@ from ssr_server.train.vision import (
     TowerTrainer,
     VisionConfig,
     draw_pictures,
+    grow_tower,
     place,
     reinit_tower,
     train_vision,
@@ -271,3 +272,48 @@ def test_reinit_gives_fresh_weights(tiny_model_dir: Path) -> None:
     deep = [n for n in params if n.startswith("deepstack_merger_list.") and ".linear_fc2." in n]
     assert deep and all(torch.all(params[n] == 0) for n in deep)  # the deepstack branches start silent
     assert float(params["merger.linear_fc2.weight"].detach().std()) > 0.01
+
+
+def test_grown_blocks_start_as_the_identity_then_learn(tiny_model_dir: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    from ssr_server.train.setup import load_model
+
+    torch.manual_seed(0)
+    model, _ = load_model(tiny_model_dir)
+    trainer = TowerTrainer(model, AutoImageProcessor.from_pretrained(tiny_model_dir, backend="pil"))
+    batch = trainer.pixels(draw_pictures(3, random.Random(2)).views)
+    grid = batch["image_grid_thw"]
+    tower = trainer.tower
+    with torch.no_grad():
+        before = tower(batch["pixel_values"], grid_thw=grid)
+    depth = len(tower.blocks)
+    grow_tower(model, 2)
+    assert len(tower.blocks) == depth + 2 == model.config.vision_config.depth
+    with torch.no_grad():
+        after = tower(batch["pixel_values"], grid_thw=grid)
+    assert torch.equal(before.pooler_output, after.pooler_output)  # the tokens the LM reads
+    for a, b in zip(before.deepstack_features, after.deepstack_features, strict=True):
+        assert torch.equal(a, b)
+    # not stuck at the identity: the zeroed projections get gradients from the first step
+    loss, _ = trainer.loss(draw_pictures(4, random.Random(3)))
+    loss.backward()  # type: ignore[no-untyped-call]
+    grad = tower.blocks[-1].mlp.linear_fc2.weight.grad
+    assert grad is not None and float(grad.abs().sum()) > 0
+
+
+def test_train_vision_grow_saves_a_deeper_tower_that_loads(tiny_model_dir: Path, tmp_path: Path) -> None:
+    from ssr_server.train.setup import load_model
+
+    out = tmp_path / "grown"
+    train_vision(VisionConfig(init=tiny_model_dir, out=out, steps=2, batch_size=4, threads=1,
+                              eval_pictures=4, grow=1, heads=("colour",)), progress=False)
+    depth = json.loads((tiny_model_dir / "config.json").read_text())["vision_config"]["depth"]
+    assert json.loads((out / "config.json").read_text())["vision_config"]["depth"] == depth + 1
+    saved = load_file(str(out / "model.safetensors"))
+    assert any(k.endswith(f"visual.blocks.{depth}.attn.proj.weight") for k in saved)
+    model, _ = load_model(out)  # the new blocks load as trained, not as fresh weights
+    key = next(k for k in saved if k.endswith(f"visual.blocks.{depth}.mlp.linear_fc2.weight"))
+    loaded = dict(model.named_parameters())
+    name = next(n for n in loaded if n.endswith(f"visual.blocks.{depth}.mlp.linear_fc2.weight"))
+    assert torch.equal(loaded[name].detach(), saved[key])
