@@ -272,9 +272,7 @@ def grow_tower(model: Any, extra: int) -> None:
                 if layer.bias is not None:
                     layer.bias.zero_()
         tower.blocks.append(block)
-    depth = len(tower.blocks)
-    model.config.vision_config.depth = depth
-    tower.config.depth = depth
+    model.config.vision_config.depth = len(tower.blocks)  # the tower's own config is this object
 
 
 def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import pytest
 
 from ssr_server.world.attributes import PERSON_ATTRIBUTES
 from ssr_server.world.categories import CATEGORIES, PICTURE_REFS
-from ssr_server.world.templates import fill, unfill
+from ssr_server.world.templates import DETAIL, VISUAL, fill, stem_fields, unfill, unfill_fields
 
 
 @pytest.mark.parametrize("ref", ["the architect of the gate in this picture", "the Rossmir Bridge"])
@@ -21,8 +21,6 @@ def test_unfill_gives_back_what_fill_put_in(ref: str) -> None:
 
 
 def test_unfill_fields_gives_back_every_field_of_any_stem() -> None:
-    from ssr_server.world.templates import DETAIL, VISUAL, stem_fields, unfill_fields
-
     values = {"cn": "roof", "be": "is", "cnt": "arms", "rn": "cactus", "place": "by the gate",
               "kind": "letter", "pn": "plaque"}
     for stem in [*DETAIL, *(s for stems in VISUAL.values() for s in stems)]:
