@@ -34,6 +34,16 @@ def _int_pair(text: str, option: str) -> tuple[int, int]:
     return a, b
 
 
+def _sign_attributes(text: str) -> tuple[str, ...]:
+    from ssr_server.train.look_zoom import SIGN_ATTRIBUTES
+
+    chosen = tuple(a.strip() for a in text.split(",") if a.strip())
+    unknown = [a for a in chosen if a not in SIGN_ATTRIBUTES]
+    if not chosen or unknown:
+        raise typer.BadParameter(f"--zoom-sign-on takes {' and/or '.join(SIGN_ATTRIBUTES)}, not {text!r}")
+    return chosen
+
+
 def _jitter_help(what: str) -> str:
     return (f"{what} move sideways by a random amount up to this many gold-box widths (0: centred), "
             "as a model's imprecise zoom box makes them")
@@ -121,6 +131,9 @@ def train_sft_command(
     zoom_sign: Annotated[bool, typer.Option(help="questions about the big sign zoom on it before they answer "
                                                  "(the tiny tower cannot read it at the question image's "
                                                  "35 tokens); the world is not changed")] = False,
+    zoom_sign_on: Annotated[str, typer.Option(help="with --zoom-sign, the sign questions that zoom, by what "
+                                                   "they ask: shape, char or both (comma-separated)")]
+        = "shape,char",
     zoom_count: Annotated[bool, typer.Option(help="count questions zoom on the motif before they answer")]
         = False,
 ) -> None:
@@ -150,7 +163,7 @@ def train_sft_command(
                                   picture_moves=picture_moves, freeze_vision=freeze_vision,
                                   zoom=zoom_style(zoom), zoom_jitter=zoom_jitter,
                                   zoom_edge_jitter=zoom_edge_jitter, zoom_retry=zoom_retry,
-                                  zoom_sign=zoom_sign,
+                                  zoom_sign=zoom_sign, zoom_sign_on=_sign_attributes(zoom_sign_on),
                                   zoom_count=zoom_count))
     _report_training(figures, out)
 

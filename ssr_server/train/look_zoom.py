@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from ssr_server.world.records import MOVE_ACTIONS, ZOOM, Move, Question, WorldEr
 from ssr_server.world.views import Crop, make_view, styled_box, view_seed
 
 SIGN_LABEL = "big sign"
+SIGN_ATTRIBUTES = ("shape", "char")  # what a sign question asks; `train sft --zoom-sign-on` picks some
 SAME_PIXELS = 2.0  # mean absolute difference (0-255) under which a redrawn view is the question image
 
 
@@ -66,17 +67,20 @@ def _pixels(jpeg: bytes) -> np.ndarray:
 
 
 def zoom_looks(world: Path, questions: Sequence[Question], entities: Sequence[Entity],
-               targets: Sequence[str], style: str = "tight") -> list[Question]:
-    """``questions`` with the moves of every visual question whose target is among ``targets`` preceded
-    by a zoom on it (the gold box in 0-1000 of the question image, in the zoom ``style`` as
-    ``zoom_targets.target_style`` says); the others as they are."""
+               targets: Sequence[str], style: str = "tight",
+               sign_attributes: Collection[str] = SIGN_ATTRIBUTES) -> list[Question]:
+    """``questions`` with the moves of every visual question whose target is among ``targets`` (for the
+    sign: whose attribute is among ``sign_attributes``) preceded by a zoom on it (the gold box in 0-1000
+    of the question image, in the zoom ``style`` as ``zoom_targets.target_style`` says); the others as
+    they are."""
     wanted = {check_target(t) for t in targets}
     seed = int(json.loads((world / "manifest.json").read_text(encoding="utf-8"))["seed"])
     looks = {e.id: e.look for e in entities}
     out: list[Question] = []
     for q in questions:
         target = zoom_target(q)
-        if target not in wanted or target is None or any(m.action == "zoom" for m in q.moves):
+        if (target not in wanted or target is None or any(m.action == "zoom" for m in q.moves)
+                or (target == "sign" and q.attribute not in sign_attributes)):
             out.append(q)
             continue
         look = looks.get(q.entity_id)

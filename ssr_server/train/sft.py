@@ -28,7 +28,7 @@ from ssr_server.train.contrast import contrast_drills
 from ssr_server.train.copying import CopyTask, copy_loss
 from ssr_server.train.data import Collator, Example, batches, token_logits
 from ssr_server.train.drills import Drills, DrillTokens
-from ssr_server.train.look_zoom import zoom_looks
+from ssr_server.train.look_zoom import SIGN_ATTRIBUTES, zoom_looks
 from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
 from ssr_server.train.rephrase import Rephraser
@@ -96,6 +96,7 @@ class SFTConfig:
     zoom_edge_jitter: float = 0.0  # then each crop edge by up to this share of the gold box's size
     zoom_retry: float = 0.0  # share of plaque drills whose first zoom misses, the second finds it
     zoom_sign: bool = False  # sign questions zoom on the big sign before answering (look_zoom.py)
+    zoom_sign_on: tuple[str, ...] = SIGN_ATTRIBUTES  # ... those asking for these attributes
     zoom_count: bool = False  # count questions zoom on the motif before answering
 
 
@@ -117,7 +118,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
                                             cfg.seed), cfg.zoom)
     targets = [t for t, on in (("sign", cfg.zoom_sign), ("motif", cfg.zoom_count)) if on]
     if targets:
-        questions = zoom_looks(cfg.world, questions, world_entities(cfg.world), targets, cfg.zoom)
+        questions = zoom_looks(cfg.world, questions, world_entities(cfg.world), targets, cfg.zoom,
+                               cfg.zoom_sign_on)
     pixels = DEFAULT_PIXELS
     if Path(cfg.init).is_dir():
         model, tok = load_model(cfg.init)

@@ -76,6 +76,17 @@ def test_sign_questions_zoom_on_the_sign_first_and_nothing_else_changes(world_di
     assert zoom_looks(world_dir, zoomed, [], ["sign"]) == zoomed  # already zoomed: left alone (no look read)
 
 
+def test_only_the_sign_questions_asking_for_the_chosen_attributes_zoom(world_dir: Path, signs: Any) -> None:
+    from ssr_server.world.build import world_entities
+
+    questions, both = signs
+    chars = zoom_looks(world_dir, questions, world_entities(world_dir), ["sign"], sign_attributes=("char",))
+    asked = {q.attribute for q in questions if is_sign_question(q)}
+    assert asked == {"shape", "char"}  # the fixture world asks both, so the filter can fail either way
+    for q, b, c in zip(questions, both, chars, strict=True):
+        assert c == (b if q.attribute == "char" else q), q.id
+
+
 def test_a_question_image_its_seed_does_not_draw_is_refused(world_dir: Path, signs: Any,
                                                             tmp_path: Path) -> None:
     from ssr_server.world.build import world_entities

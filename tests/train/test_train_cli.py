@@ -121,3 +121,21 @@ def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
             assert seen.pop().max_pixels == 131072
         result = CliRunner().invoke(app, [*args, "--zoom", "huge"])
         assert result.exit_code == 2 and "--zoom" in result.output and not seen
+
+
+def test_sft_passes_the_sign_questions_that_zoom_and_refuses_an_unknown_attribute(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ssr_server.train import sft
+
+    seen: list[Any] = []
+    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
+    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
+    base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o"), "--zoom-sign"]
+    result = CliRunner().invoke(app, [*base, "--zoom-sign-on", "char"])
+    assert result.exit_code == 0, result.output
+    assert (seen[0].zoom_sign, seen[0].zoom_sign_on) == (True, ("char",))
+    CliRunner().invoke(app, base)
+    assert seen[1].zoom_sign_on == ("shape", "char")
+    for bad in ("colour", "", "char,count"):
+        result = CliRunner().invoke(app, [*base, "--zoom-sign-on", bad])
+        assert result.exit_code == 2 and "--zoom-sign-on" in result.output and len(seen) == 2, bad
