@@ -136,6 +136,9 @@ def train_sft_command(
         = "shape,char",
     zoom_count: Annotated[bool, typer.Option(help="count questions zoom on the motif before they answer")]
         = False,
+    grow_layers: Annotated[int, typer.Option(min=0, max=16, help=(
+        "append N decoder layers to the language model before training, each starting as the identity "
+        "(output projections at zero): room to learn more without losing what --init knows"))] = 0,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -164,7 +167,7 @@ def train_sft_command(
                                   zoom=zoom_style(zoom), zoom_jitter=zoom_jitter,
                                   zoom_edge_jitter=zoom_edge_jitter, zoom_retry=zoom_retry,
                                   zoom_sign=zoom_sign, zoom_sign_on=_sign_attributes(zoom_sign_on),
-                                  zoom_count=zoom_count))
+                                  zoom_count=zoom_count, grow_layers=grow_layers))
     _report_training(figures, out)
 
 

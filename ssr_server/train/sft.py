@@ -28,6 +28,7 @@ from ssr_server.train.contrast import contrast_drills
 from ssr_server.train.copying import CopyTask, copy_loss
 from ssr_server.train.data import Collator, Example, batches, token_logits
 from ssr_server.train.drills import Drills, DrillTokens
+from ssr_server.train.grow import grow_language_model
 from ssr_server.train.look_zoom import SIGN_ATTRIBUTES, zoom_looks
 from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
@@ -98,6 +99,7 @@ class SFTConfig:
     zoom_sign: bool = False  # sign questions zoom on the big sign before answering (look_zoom.py)
     zoom_sign_on: tuple[str, ...] = SIGN_ATTRIBUTES  # ... those asking for these attributes
     zoom_count: bool = False  # count questions zoom on the motif before answering
+    grow_layers: int = 0  # identity layers appended to the language model before training (grow.py)
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -126,6 +128,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
         pixels = read_pixels(cfg.init)  # the tower learnt to see pictures at this size: keep it
     else:
         model, tok = new_model(cfg.init, cfg.world, questions, fmt, library, cfg.seed)
+    if cfg.grow_layers:  # before the optimizer and any resume: a checkpoint of this run is the grown model
+        grow_language_model(model, cfg.grow_layers)
     mode = "freeform" if cfg.format == "freeform" else "ssr"
     if cfg.label_only and mode != "ssr":
         raise ValueError("label_only applies to ssr trajectories")

@@ -42,6 +42,7 @@ from PIL import Image
 from ssr_server.engine.tiny import read_pixels, save_model, write_processor_config
 from ssr_server.progress import progress_bar
 from ssr_server.train.checkpoint import reproduce, write_card
+from ssr_server.train.grow import grow_tower
 from ssr_server.train.schedule import cosine_lr
 from ssr_server.train.setup import load_model
 from ssr_server.train.zoom_targets import crop_of, draw_view
@@ -255,24 +256,6 @@ def reinit_tower(tower: torch.nn.Module, generator: torch.Generator) -> None:
         for merger in getattr(tower, "deepstack_merger_list", []):
             merger.linear_fc2.weight.zero_()
             merger.linear_fc2.bias.zero_()
-
-
-def grow_tower(model: Any, extra: int) -> None:
-    """Append ``extra`` blocks to the vision tower that start as the identity (copies of its last block
-    with the attention's and the MLP's output projections at zero), so that every token the language
-    model reads is unchanged until training moves them: more depth for what a 2-layer tower does not
-    tell apart, without losing what SFT taught the language model to read. The deepstack features come
-    from the blocks they came from before; the config's depth follows."""
-    tower = model.model.visual
-    for _ in range(extra):
-        block = copy.deepcopy(tower.blocks[-1])
-        with torch.no_grad():
-            for layer in (block.attn.proj, block.mlp.linear_fc2):
-                layer.weight.zero_()
-                if layer.bias is not None:
-                    layer.bias.zero_()
-        tower.blocks.append(block)
-    model.config.vision_config.depth = len(tower.blocks)  # the tower's own config is this object
 
 
 def train_vision(cfg: VisionConfig, progress: bool = True) -> dict[str, Any]:

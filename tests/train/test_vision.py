@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from ssr_server.engine.tiny import read_pixels
+from ssr_server.train.grow import grow_tower
 from ssr_server.train.vision import (
     EXTRA,
     KNOWN_LOOKS,
@@ -20,7 +21,6 @@ from ssr_server.train.vision import (
     TowerTrainer,
     VisionConfig,
     draw_pictures,
-    grow_tower,
     place,
     reinit_tower,
     train_vision,
