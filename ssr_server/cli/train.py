@@ -136,6 +136,9 @@ def train_sft_command(
         = "shape,char",
     zoom_count: Annotated[bool, typer.Option(help="count questions zoom on the motif before they answer")]
         = False,
+    search_count: Annotated[bool, typer.Option(help=(
+        "count questions search by image and answer from the first hit's description, which holds the "
+        "count (no tiny tower here counts); the world is not changed"))] = False,
     grow_layers: Annotated[int, typer.Option(min=0, max=16, help=(
         "append N decoder layers to the language model before training, each starting as the identity "
         "(output projections at zero): room to learn more without losing what --init knows"))] = 0,
@@ -149,6 +152,9 @@ def train_sft_command(
         raise typer.BadParameter("--copy-every takes 0 (never) or N >= 2 (every Nth step)")
     if (rephrase_pictures or rephrase_refs) and not rephrase:
         raise typer.BadParameter("--rephrase-pictures and --rephrase-refs need a --rephrase share above 0")
+    if zoom_count and search_count:
+        raise typer.BadParameter("--zoom-count and --search-count are two routes for the same questions: "
+                                 "take one")
     if drill_calls not in ("first", "all"):
         raise typer.BadParameter("--drill-calls takes first or all")
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
@@ -167,7 +173,8 @@ def train_sft_command(
                                   zoom=zoom_style(zoom), zoom_jitter=zoom_jitter,
                                   zoom_edge_jitter=zoom_edge_jitter, zoom_retry=zoom_retry,
                                   zoom_sign=zoom_sign, zoom_sign_on=_sign_attributes(zoom_sign_on),
-                                  zoom_count=zoom_count, grow_layers=grow_layers))
+                                  zoom_count=zoom_count, search_count=search_count,
+                                  grow_layers=grow_layers))
     _report_training(figures, out)
 
 

@@ -28,6 +28,7 @@ from PIL import Image
 from ssr_server.formats.format import PromptFormat
 from ssr_server.tools.zoom import zoom_crop
 from ssr_server.train.data import Example, occurrences, png
+from ssr_server.train.look_search import searched
 from ssr_server.train.zoom_retry import assistant_spans, miss_box, missed_zoom
 from ssr_server.train.zoom_targets import Box, question_picture, target_style, zoom_target
 from ssr_server.world.closed_sets import CHARS, SHAPES
@@ -138,6 +139,8 @@ class PictureDrills:
             q = by_id.get(ex.key.split("/", 1)[0])
             e = by_entity.get(q.entity_id) if q is not None else None
             if q is None or e is None or not ex.images:
+                continue
+            if searched(q):  # the answer comes from the search's description, not from the picture
                 continue
             if q.kind in ("visual", "detail") and q.attribute in ASPECTS:
                 source = drills._reading(ex, q, e)

@@ -31,6 +31,7 @@ from ssr_server.formats.format import PromptFormat
 from ssr_server.library import Library
 from ssr_server.progress import progress_bar
 from ssr_server.train.data import Example, make_example
+from ssr_server.train.look_search import searched
 from ssr_server.world.records import Move, Question
 from ssr_server.world.views import check_zoom_style, coarse_boxes, styled_box
 
@@ -144,6 +145,9 @@ def _cache_path(world: Path, questions: Sequence[Question], tokenizer: Any, fmt:
     # a zoom into a crop (image_index > 0) keys too; the old keys, all on image 0, stay as they were
     h.update(json.dumps([[m.box, m.image_index] if m.image_index else m.box
                          for q in questions for m in q.moves if m.action == "zoom"]).encode())
+    searching = [q.id for q in questions if searched(q)]
+    if searching:  # visual questions answered by an image search; the old keys (none) stay as they were
+        h.update(json.dumps(["searched", searching]).encode())
     h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     h.update(json.dumps([fmt.name, fmt.system_prompt(library), list(fmt.candidate_surfaces(library)),
                          mode, list(seeds), label_only]).encode())

@@ -29,6 +29,7 @@ from ssr_server.train.copying import CopyTask, copy_loss
 from ssr_server.train.data import Collator, Example, batches, token_logits
 from ssr_server.train.drills import Drills, DrillTokens
 from ssr_server.train.grow import grow_language_model
+from ssr_server.train.look_search import search_looks
 from ssr_server.train.look_zoom import SIGN_ATTRIBUTES, zoom_looks
 from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
@@ -99,6 +100,7 @@ class SFTConfig:
     zoom_sign: bool = False  # sign questions zoom on the big sign before answering (look_zoom.py)
     zoom_sign_on: tuple[str, ...] = SIGN_ATTRIBUTES  # ... those asking for these attributes
     zoom_count: bool = False  # count questions zoom on the motif before answering
+    search_count: bool = False  # count questions search by image, then answer from it (look_search.py)
     grow_layers: int = 0  # identity layers appended to the language model before training (grow.py)
 
 
@@ -122,6 +124,10 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     if targets:
         questions = zoom_looks(cfg.world, questions, world_entities(cfg.world), targets, cfg.zoom,
                                cfg.zoom_sign_on)
+    if cfg.search_count:
+        if cfg.zoom_count:
+            raise ValueError("a count question either zooms on the motif or searches by image, not both")
+        questions = search_looks(questions, ("count",))
     pixels = DEFAULT_PIXELS
     if Path(cfg.init).is_dir():
         model, tok = load_model(cfg.init)

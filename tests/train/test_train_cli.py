@@ -123,7 +123,7 @@ def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
         assert result.exit_code == 2 and "--zoom" in result.output and not seen
 
 
-def test_sft_passes_the_sign_questions_that_zoom_and_the_grown_layers_and_refuses_bad_values(
+def test_sft_passes_the_sign_zoom_the_count_search_and_the_grown_layers_and_refuses_bad_values(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ssr_server.train import sft
 
@@ -131,12 +131,14 @@ def test_sft_passes_the_sign_questions_that_zoom_and_the_grown_layers_and_refuse
     monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
     monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
     base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o"), "--zoom-sign"]
-    result = CliRunner().invoke(app, [*base, "--zoom-sign-on", "char", "--grow-layers", "2"])
+    result = CliRunner().invoke(app, [*base, "--zoom-sign-on", "char", "--grow-layers", "2",
+                                      "--search-count"])
     assert result.exit_code == 0, result.output
     assert (seen[0].zoom_sign, seen[0].zoom_sign_on, seen[0].grow_layers) == (True, ("char",), 2)
+    assert (seen[0].search_count, seen[0].zoom_count) == (True, False)
     CliRunner().invoke(app, base)
-    assert (seen[1].zoom_sign_on, seen[1].grow_layers) == (("shape", "char"), 0)
+    assert (seen[1].zoom_sign_on, seen[1].grow_layers, seen[1].search_count) == (("shape", "char"), 0, False)
     for bad in (["--zoom-sign-on", "colour"], ["--zoom-sign-on", ""], ["--zoom-sign-on", "char,count"],
-                ["--grow-layers", "-1"]):
+                ["--grow-layers", "-1"], ["--search-count", "--zoom-count"]):
         result = CliRunner().invoke(app, [*base, *bad])
         assert result.exit_code == 2 and bad[0] in result.output and len(seen) == 2, bad
