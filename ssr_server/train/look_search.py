@@ -1,44 +1,63 @@
-"""``train sft --search-count``: count questions trained as search-by-image, then answer from the evidence.
+"""``train sft --search-count``: count questions trained as a search, as a search question's are.
 
-The world's count questions ("How many columns does the gate in this picture have?") are answered from
-the question image alone, and that is the gold a larger model meets. Our tiny towers cannot count: every
-tower tried reads the count at chance (six values) from the picture and from a zoomed crop alike
-(docs/training-log.md). The image search can: the world's index describes every pictured entity with the
-count of its parts ("The Fruon Nocturne is a painting in a yellow frame showing 2 stars.", as
-``entities.describe`` writes it), and the first hit of a test count question's picture is its own
-entity. With this option the training split's count questions search by image and answer from that
-evidence, two of the library's moves a search question already uses; the world is not changed (its
-questions and gold moves stay as built), and a model so trained takes one more turn on those questions
-(the evaluation scores the answer; its move accuracy counts the search as a wrong first move).
+The world's count questions ("How many arms can you see on the cactus?") are answered from the question
+image alone, and that is the gold a larger model meets. Our tiny towers cannot count: every tower tried
+reads the count at chance (six values) from the picture and from a zoomed crop alike
+(docs/training-log.md). The world's text corpus can: each pictured entity has a description document
+that says the count of its parts ("The Heisar cactus is a plant with 3 arms.", ``entities.describe``).
+With this option the training split's count questions take a search question's three moves: a search by
+image (the hits list the entity's title; the paper's format shows titles and URLs, not the index's
+descriptions), a text search for the title and the counted parts' noun (the question's own word), whose
+first hit is the description for 155 of the 158 test count questions and all 169 dev ones, and the
+answer from that evidence. The world is not changed (its questions and gold moves stay as built); a model
+so trained takes two more turns on those questions (the evaluation scores the answer; its move accuracy
+counts the search as a wrong first move).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
-from ssr_server.world.records import FROM_EVIDENCE, FROM_IMAGE, IDENTIFY, MOVE_ACTIONS, Move, Question
-
-SEARCHABLE = ("count", "colour")  # what the world's image search descriptions say about a look
+from ssr_server.world.categories import MOTIFS
+from ssr_server.world.entities import Entity
+from ssr_server.world.records import (
+    FROM_EVIDENCE,
+    FROM_IMAGE,
+    IDENTIFY,
+    LOOKUP,
+    MOVE_ACTIONS,
+    Move,
+    Question,
+    WorldError,
+)
 
 
 def searched(q: Question) -> bool:
-    """Whether a visual question's moves were rewritten by ``search_looks``."""
+    """Whether a visual question's moves were rewritten by ``search_counts``."""
     return q.kind == "visual" and any(m.move == IDENTIFY for m in q.moves)
 
 
-def search_looks(questions: Sequence[Question], attributes: Collection[str] = ("count",)) -> list[Question]:
-    """``questions`` with every visual question about one of ``attributes`` answered as a search by image
-    (the hits must hold its entity's title) and then from the evidence; the others as they are."""
-    unknown = set(attributes) - set(SEARCHABLE)
-    if unknown:
-        raise ValueError(f"image search descriptions hold {' and '.join(SEARCHABLE)}, not {sorted(unknown)}")
+def count_query(e: Entity) -> str:
+    """The text search that finds ``e``'s description: its title and the counted parts' noun."""
+    return f"{e.title} {MOTIFS[e.look.motif].count_noun}"
+
+
+def search_counts(questions: Sequence[Question], entities: Sequence[Entity]) -> list[Question]:
+    """``questions`` with every count question answered as a search: by image (the hits must list its
+    entity's title), then by text for its description, then from that evidence; the others as they are."""
+    by_id = {e.id: e for e in entities}
     out: list[Question] = []
     for q in questions:
-        if q.kind != "visual" or q.attribute not in attributes or [m.move for m in q.moves] != [FROM_IMAGE]:
+        if q.kind != "visual" or q.attribute != "count" or [m.move for m in q.moves] != [FROM_IMAGE]:
             out.append(q)
             continue
-        moves = [Move(IDENTIFY, MOVE_ACTIONS[IDENTIFY], expect_title=q.entity),
+        e = by_id.get(q.entity_id)
+        if e is None:
+            raise WorldError(f"question {q.id} is about {q.entity_id}, which the entities do not hold")
+        moves = [Move(IDENTIFY, MOVE_ACTIONS[IDENTIFY], expect_title=e.title),
+                 Move(LOOKUP, MOVE_ACTIONS[LOOKUP], query=count_query(e), expect_url=e.url,
+                      expect_text=e.description),
                  Move(FROM_EVIDENCE, MOVE_ACTIONS[FROM_EVIDENCE], answer=q.answer)]
         out.append(replace(q, moves=moves))
     return out

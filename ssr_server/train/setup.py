@@ -145,8 +145,8 @@ def _cache_path(world: Path, questions: Sequence[Question], tokenizer: Any, fmt:
     # a zoom into a crop (image_index > 0) keys too; the old keys, all on image 0, stay as they were
     h.update(json.dumps([[m.box, m.image_index] if m.image_index else m.box
                          for q in questions for m in q.moves if m.action == "zoom"]).encode())
-    searching = [q.id for q in questions if searched(q)]
-    if searching:  # visual questions answered by an image search; the old keys (none) stay as they were
+    searching = [[q.id, [m.to_json() for m in q.moves]] for q in questions if searched(q)]
+    if searching:  # visual questions answered by a search; the old keys (none) stay as they were
         h.update(json.dumps(["searched", searching]).encode())
     h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     h.update(json.dumps([fmt.name, fmt.system_prompt(library), list(fmt.candidate_surfaces(library)),

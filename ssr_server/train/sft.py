@@ -29,7 +29,7 @@ from ssr_server.train.copying import CopyTask, copy_loss
 from ssr_server.train.data import Collator, Example, batches, token_logits
 from ssr_server.train.drills import Drills, DrillTokens
 from ssr_server.train.grow import grow_language_model
-from ssr_server.train.look_search import search_looks
+from ssr_server.train.look_search import search_counts
 from ssr_server.train.look_zoom import SIGN_ATTRIBUTES, zoom_looks
 from ssr_server.train.picture_drills import PictureDrills
 from ssr_server.train.rename import Renamer
@@ -127,7 +127,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     if cfg.search_count:
         if cfg.zoom_count:
             raise ValueError("a count question either zooms on the motif or searches by image, not both")
-        questions = search_looks(questions, ("count",))
+        questions = search_counts(questions, world_entities(cfg.world))
     pixels = DEFAULT_PIXELS
     if Path(cfg.init).is_dir():
         model, tok = load_model(cfg.init)
