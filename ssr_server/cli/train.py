@@ -137,8 +137,9 @@ def train_sft_command(
     zoom_count: Annotated[bool, typer.Option(help="count questions zoom on the motif before they answer")]
         = False,
     search_count: Annotated[bool, typer.Option(help=(
-        "count questions search by image and answer from the first hit's description, which holds the "
-        "count (no tiny tower here counts); the world is not changed"))] = False,
+        "count questions take a search question's moves: image search, text search for the entity's "
+        "description (it holds the count; no tiny tower here counts), answer; the world is not "
+        "changed"))] = False,
     grow_layers: Annotated[int, typer.Option(min=0, max=16, help=(
         "append N decoder layers to the language model before training, each starting as the identity "
         "(output projections at zero): room to learn more without losing what --init knows"))] = 0,

@@ -100,7 +100,7 @@ class SFTConfig:
     zoom_sign: bool = False  # sign questions zoom on the big sign before answering (look_zoom.py)
     zoom_sign_on: tuple[str, ...] = SIGN_ATTRIBUTES  # ... those asking for these attributes
     zoom_count: bool = False  # count questions zoom on the motif before answering
-    search_count: bool = False  # count questions search by image, then answer from it (look_search.py)
+    search_count: bool = False  # count questions searched: image, then text, then answer (look_search.py)
     grow_layers: int = 0  # identity layers appended to the language model before training (grow.py)
 
 
