@@ -99,6 +99,9 @@ def train_sft_command(
     rephrase_refs: Annotated[bool, typer.Option(help="--rephrase draws picture references from a longer "
                                                      "list (\"the gate in the photo\", \"... in the shot\")")
                              ] = False,
+    rephrase_openings: Annotated[bool, typer.Option(help="--rephrase-pictures also draws stems that open on "
+                                                         "a place (\"On the tiny badge, what character is "
+                                                         "printed?\")")] = False,
     drill_contrast: Annotated[bool, typer.Option(help="each two-hop second query drill also asked about the "
                                                       "other person attribute (born / birthplace)")] = False,
     copy_every: Annotated[int, typer.Option(min=0, help="every Nth step a batch of the synthetic copying "
@@ -153,6 +156,9 @@ def train_sft_command(
         raise typer.BadParameter("--copy-every takes 0 (never) or N >= 2 (every Nth step)")
     if (rephrase_pictures or rephrase_refs) and not rephrase:
         raise typer.BadParameter("--rephrase-pictures and --rephrase-refs need a --rephrase share above 0")
+    if rephrase_openings and not rephrase_pictures:
+        raise typer.BadParameter("--rephrase-openings rephrases picture questions: "
+                                 "it needs --rephrase-pictures")
     if zoom_count and search_count:
         raise typer.BadParameter("--zoom-count and --search-count are two routes for the same questions: "
                                  "take one")
@@ -167,6 +173,7 @@ def train_sft_command(
                                   drill_calls=drill_calls, drills_repeat=drills_repeat,
                                   drill_contrast=drill_contrast, rephrase=rephrase,
                                   rephrase_pictures=rephrase_pictures, rephrase_refs=rephrase_refs,
+                                  rephrase_openings=rephrase_openings,
                                   copy_every=copy_every,
                                   copy_warmup=copy_warmup, repeat=_kind_repeats(repeat or []),
                                   pictures_every=pictures_every, pictures_batch=pictures_batch,

@@ -68,7 +68,25 @@ PICTURE_STEMS: dict[str, tuple[str, ...]] = {
     "count": ("How many {cnt} are on the {rn}?", "The {rn} here: how many {cnt} does it have?",
               "Look at the {rn}: how many {cnt} can you count?", "Count the {cnt} on the {rn} for me."),
 }
+# Stems that open on a prepositional phrase (``openings``): every model before R50 took "On the small badge,
+# which character appears?" (a blind-check form) for another move - R49 searched by image on all 60, R47 on
+# "On the big sign, which shape appears?" on 27 of 60 - as no training sentence began with its subject's
+# place. The sign and the plaque share frames here too; none is a held-out stem or a blind-check form.
+OPENING_STEMS: dict[str, tuple[str, ...]] = {
+    "plaque": ("On the tiny {pn}, what character is printed?",
+               "On the little {pn} by the {rn}, which character is written?",
+               "Near the {rn}, on the small {pn}: what character?",
+               "For the small {pn}, which character does it carry?"),
+    "char": ("On the large sign, what {kind} is printed?", "On the sign {place}, which {kind} is written?",
+             "For the big sign, which {kind} does it carry?"),
+    "shape": ("On the large sign, what shape is drawn?", "On the sign {place}, which shape is painted?",
+              "For the big sign, which shape does it carry?"),
+    "colour": ("In this photo, what colour {be} the {cn}?", "In this shot, which colour {be} the {cn}?"),
+    "count": ("On the {rn}, how many {cnt} are there?", "In this photo, how many {cnt} does the {rn} have?"),
+}
 _STEM_FIELDS = {aspect: tuple((s, stem_fields(s)) for s in stems) for aspect, stems in PICTURE_STEMS.items()}
+_OPENING_FIELDS = {aspect: tuple((s, stem_fields(s)) for s in stems)
+                   for aspect, stems in OPENING_STEMS.items()}
 
 
 def _picture_noun(ref: str) -> str | None:
@@ -84,7 +102,7 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
-def _picture_rephrased(q: Question, rng: random.Random) -> str | None:
+def _picture_rephrased(q: Question, rng: random.Random, openings: bool = False) -> str | None:
     parts = q.template.split("/")
     try:
         aspect, stem = (("plaque", DETAIL[int(parts[1])]) if q.kind == "detail"
@@ -94,7 +112,8 @@ def _picture_rephrased(q: Question, rng: random.Random) -> str | None:
     fields = unfill_fields(stem, q.question)
     if fields is None:
         return None
-    options = [s for s, needs in _STEM_FIELDS.get(aspect, ()) if needs <= fields.keys()]
+    stems = (*_STEM_FIELDS.get(aspect, ()), *(_OPENING_FIELDS.get(aspect, ()) if openings else ()))
+    options = [s for s, needs in stems if needs <= fields.keys()]
     if not options:
         return None
     question = capitalise(rng.choice(options).format(**fields))
@@ -106,11 +125,13 @@ def _picture_rephrased(q: Question, rng: random.Random) -> str | None:
     return question
 
 
-def rephrased(q: Question, rng: random.Random, refs: Sequence[str] = PICTURE_ALTERNATIVES) -> str | None:
+def rephrased(q: Question, rng: random.Random, refs: Sequence[str] = PICTURE_ALTERNATIVES,
+              openings: bool = False) -> str | None:
     """Another phrasing of ``q`` (a training question), or None when ``q``'s template is not one we can
-    take apart; a picture reference becomes one of ``refs``."""
+    take apart; a picture reference becomes one of ``refs``; with ``openings`` a picture question's stems
+    include OPENING_STEMS."""
     if q.kind in PICTURE_KINDS:
-        return _picture_rephrased(q, rng)
+        return _picture_rephrased(q, rng, openings)
     parts = q.template.split("/")
     if q.kind not in (*FACT_KINDS, "two_hop") or len(parts) != 4:
         return None
@@ -142,13 +163,14 @@ def rephrased(q: Question, rng: random.Random, refs: Sequence[str] = PICTURE_ALT
 class Rephraser:
     """Rephrases each drawn example's question with probability ``share`` (deterministic for ``rng``);
     the fact and two-hop kinds, with ``pictures`` the visual and detail ones too, with ``more_refs`` the
-    picture references drawn from MORE_PICTURE_ALTERNATIVES."""
+    picture references drawn from MORE_PICTURE_ALTERNATIVES, with ``openings`` the picture questions' stems
+    from OPENING_STEMS too."""
 
     def __init__(self, tok: Any, questions: Sequence[Question], share: float = 0.5,
-                 pictures: bool = False, more_refs: bool = False) -> None:
+                 pictures: bool = False, more_refs: bool = False, openings: bool = False) -> None:
         if not 0 <= share <= 1:
             raise ValueError("the rephrased share is a probability")
-        self.tok, self.share = tok, share
+        self.tok, self.share, self.openings = tok, share, openings
         self.refs = MORE_PICTURE_ALTERNATIVES if more_refs else PICTURE_ALTERNATIVES
         kinds = (*FACT_KINDS, "two_hop", *(PICTURE_KINDS if pictures else ()))
         self.questions = {q.id: q for q in questions if q.kind in kinds}
@@ -167,7 +189,7 @@ class Rephraser:
         old = self._tokens[q.id]
         at = [i for i in range(len(ex.ids) - len(old) + 1)
               if ex.ids[i] == old[0] and ex.ids[i : i + len(old)] == old]
-        text = rephrased(q, rng, self.refs)
+        text = rephrased(q, rng, self.refs, self.openings)
         if len(at) != 1 or text is None or any(ex.mask[at[0] : at[0] + len(old)]):
             return ex
         new, i = self._enc(text), at[0]

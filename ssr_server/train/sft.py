@@ -81,6 +81,7 @@ class SFTConfig:
     rephrase: float = 0.0  # share of drawn fact and two-hop questions asked in other words (rephrase.py)
     rephrase_pictures: bool = False  # visual and detail questions too, in trajectories and picture drills
     rephrase_refs: bool = False  # picture references from rephrase.MORE_PICTURE_ALTERNATIVES
+    rephrase_openings: bool = False  # picture questions' stems from rephrase.OPENING_STEMS too
     drill_contrast: bool = False  # each two-hop second query drill also asked the other way (contrast.py)
     copy_every: int = 0  # every Nth step is a batch of the synthetic copying task (copying.py); 0: never
     copy_warmup: int = 0  # steps of the copying task alone before the first SFT batch (lengths widen
@@ -150,8 +151,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     processor = AutoImageProcessor.from_pretrained(cfg.out, backend="pil")
     collate = Collator(model, processor, tok.pad_token_id or 0)
     renamer = Renamer(tok, questions) if cfg.rename else None
-    rephraser = (Rephraser(tok, questions, cfg.rephrase, cfg.rephrase_pictures, cfg.rephrase_refs)
-                 if cfg.rephrase else None)
+    rephraser = (Rephraser(tok, questions, cfg.rephrase, cfg.rephrase_pictures, cfg.rephrase_refs,
+                           cfg.rephrase_openings) if cfg.rephrase else None)
     trained = trainable(model, cfg.freeze_vision)
     optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     config = {k: str(v) for k, v in asdict(cfg).items()}

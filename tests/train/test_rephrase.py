@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 
 from ssr_server.train.data import Example
-from ssr_server.train.rephrase import MORE_PICTURE_ALTERNATIVES, PICTURE_ALTERNATIVES, Rephraser, rephrased
+from ssr_server.train.rephrase import (
+    MORE_PICTURE_ALTERNATIVES,
+    OPENING_STEMS,
+    PICTURE_ALTERNATIVES,
+    Rephraser,
+    rephrased,
+)
 from ssr_server.world.attributes import PERSON_ATTRIBUTES
 from ssr_server.world.categories import CATEGORIES, PICTURE_REFS
 from ssr_server.world.records import Question
@@ -42,20 +48,41 @@ def _from_stem(stem: str, text: str) -> bool:
 def test_no_rephrasing_is_a_held_out_form(train: list[Question]) -> None:
     held_ref = re.compile(re.escape(PICTURE_REFS[-1]).replace(re.escape("{noun}"), r"\w+"), re.IGNORECASE)
     stems = _held_out_stems()
-    rng, made, wider = random.Random(0), 0, 0
+    rng, made, wider, opened = random.Random(0), 0, 0, 0
     for q in train:
         for i in range(6):
-            text = rephrased(q, rng, MORE_PICTURE_ALTERNATIVES if i % 2 else PICTURE_ALTERNATIVES)
+            text = rephrased(q, rng, MORE_PICTURE_ALTERNATIVES if i % 2 else PICTURE_ALTERNATIVES, i >= 3)
             if text is None:
                 continue
             made += 1
             wider += bool(re.search(r" in the (picture|photo|shot|snapshot|frame)\b", text))
+            opened += text.startswith(("On ", "In this ", "For ", "Near "))
             assert not held_ref.search(text), text
             assert all(unfill(stem, "ref", text) is None for stem in stems), text
             assert not any(_from_stem(stem, text) for stem in stems), text
     kinds = {q.kind for q in train if rephrased(q, random.Random(0)) is not None}
     assert made > 100 and kinds == {"search", "named", "knowledge", "two_hop", "visual", "detail"}
     assert wider > 10  # the longer list is drawn from
+    assert opened > 10  # and the stems that open on a place
+
+
+def _opening(text: str) -> str | None:
+    """The OPENING_STEMS aspect ``text`` was made from (a lead-in or closing around it allowed), else None."""
+    for aspect, stems in OPENING_STEMS.items():
+        for stem in stems:
+            pattern = re.sub(r"\\\{\w+\\\}", ".+", re.escape(stem))
+            if re.search(pattern, text, re.IGNORECASE):
+                return aspect
+    return None
+
+
+def test_stems_that_open_on_a_place_come_only_when_asked(train: list[Question]) -> None:
+    pictures = [q for q in train if q.kind in ("visual", "detail")]
+    rng = random.Random(3)
+    assert not any(_opening(t) for q in pictures for t in {rephrased(q, rng) for _ in range(10)} - {None})
+    texts = {t for q in pictures for t in {rephrased(q, rng, openings=True) for _ in range(10)} - {None}}
+    aspects = {_opening(t) for t in texts}
+    assert aspects - {None} == set(OPENING_STEMS)  # every aspect has a stem its questions can fill
 
 
 def test_the_held_out_check_sees_a_held_out_picture_question() -> None:
@@ -128,6 +155,10 @@ def test_rephraser_swaps_the_question_tokens_only(world_dir: Path, train: list[Q
     wide = Rephraser(tok, train, share=1.0, more_refs=True)
     texts = [tok.decode(list(wide.example(search, random.Random(s)).ids)) for s in range(60)]
     assert any(re.search(r" in the (picture|photo|shot|snapshot|frame)\b", t) for t in texts)
+    visual = examples[[q.kind for q in picked].index("visual")]
+    opened = Rephraser(tok, train, share=1.0, pictures=True, openings=True)
+    texts = [tok.decode(list(opened.example(visual, random.Random(s)).ids)) for s in range(60)]
+    assert any(_opening(t) for t in texts) and not any(_opening(tok.decode(list(o.ids))) for o in outs)
     with pytest.raises(ValueError):
         Rephraser(tok, train, share=1.5)
 

@@ -46,14 +46,18 @@ def test_sft_passes_the_picture_rephrasings_and_refuses_them_without_a_share(
     monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
     monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
     base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
-    result = CliRunner().invoke(app, [*base, "--rephrase", "0.5", "--rephrase-pictures", "--rephrase-refs"])
+    result = CliRunner().invoke(app, [*base, "--rephrase", "0.5", "--rephrase-pictures", "--rephrase-refs",
+                                      "--rephrase-openings"])
     assert result.exit_code == 0, result.output
-    assert (seen[0].rephrase, seen[0].rephrase_pictures, seen[0].rephrase_refs) == (0.5, True, True)
+    assert (seen[0].rephrase, seen[0].rephrase_pictures, seen[0].rephrase_refs,
+            seen[0].rephrase_openings) == (0.5, True, True, True)
     for flag in ("--rephrase-pictures", "--rephrase-refs"):
         result = CliRunner().invoke(app, [*base, flag])
         assert result.exit_code == 2 and flag in result.output and len(seen) == 1, flag
+    result = CliRunner().invoke(app, [*base, "--rephrase", "0.5", "--rephrase-openings"])
+    assert result.exit_code == 2 and "--rephrase-pictures" in result.output and len(seen) == 1
     CliRunner().invoke(app, base)
-    assert (seen[1].rephrase_pictures, seen[1].rephrase_refs) == (False, False)
+    assert not (seen[1].rephrase_pictures or seen[1].rephrase_refs or seen[1].rephrase_openings)
 
 
 def test_grpo_passes_the_rollout_temperatures_and_refuses_tau_zero(tmp_path: Path,
