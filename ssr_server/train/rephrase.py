@@ -68,10 +68,11 @@ PICTURE_STEMS: dict[str, tuple[str, ...]] = {
     "count": ("How many {cnt} are on the {rn}?", "The {rn} here: how many {cnt} does it have?",
               "Look at the {rn}: how many {cnt} can you count?", "Count the {cnt} on the {rn} for me."),
 }
-# Stems that open on a prepositional phrase (``openings``): every model before R50 took "On the small badge,
-# which character appears?" (a blind-check form) for another move - R49 searched by image on all 60, R47 on
-# "On the big sign, which shape appears?" on 27 of 60 - as no training sentence began with its subject's
-# place. The sign and the plaque share frames here too; none is a held-out stem or a blind-check form.
+# Stems that open on a prepositional phrase (``openings``): every model before R50 took one of the blind
+# check's such forms for another move - R49 searched by image on all 60 of "On the small badge, which
+# character appears?", R47 on 27 of 60 of "On the big sign, which shape appears?" - as no training sentence
+# began with its subject's place. The sign and the plaque share frames here too; none is a held-out stem or
+# a blind-check form.
 OPENING_STEMS: dict[str, tuple[str, ...]] = {
     "plaque": ("On the tiny {pn}, what character is printed?",
                "On the little {pn} by the {rn}, which character is written?",
