@@ -85,9 +85,13 @@ OPENING_STEMS: dict[str, tuple[str, ...]] = {
     "colour": ("In this photo, what colour {be} the {cn}?", "In this shot, which colour {be} the {cn}?"),
     "count": ("On the {rn}, how many {cnt} are there?", "In this photo, how many {cnt} does the {rn} have?"),
 }
-_STEM_FIELDS = {aspect: tuple((s, stem_fields(s)) for s in stems) for aspect, stems in PICTURE_STEMS.items()}
-_OPENING_FIELDS = {aspect: tuple((s, stem_fields(s)) for s in stems)
-                   for aspect, stems in OPENING_STEMS.items()}
+
+
+def _with_fields(by_aspect: dict[str, tuple[str, ...]]) -> dict[str, tuple[tuple[str, frozenset[str]], ...]]:
+    return {aspect: tuple((s, stem_fields(s)) for s in stems) for aspect, stems in by_aspect.items()}
+
+
+_STEM_FIELDS, _OPENING_FIELDS = _with_fields(PICTURE_STEMS), _with_fields(OPENING_STEMS)
 
 
 def _picture_noun(ref: str) -> str | None:

@@ -39,10 +39,14 @@ def _held_out_stems() -> list[str]:
     return [spec.questions[-1] for spec in specs] + [DETAIL[-1]] + [stems[-1] for stems in VISUAL.values()]
 
 
+def _stem_pattern(stem: str) -> str:
+    """A regular expression for ``stem`` filled with any field values."""
+    return re.sub(r"\\\{\w+\\\}", ".+", re.escape(stem))
+
+
 def _from_stem(stem: str, text: str) -> bool:
     """Whether ``text`` could be ``stem`` filled with any field values."""
-    pattern = re.sub(r"\\\{\w+\\\}", ".+", re.escape(stem))
-    return re.fullmatch(pattern, text, re.IGNORECASE) is not None
+    return re.fullmatch(_stem_pattern(stem), text, re.IGNORECASE) is not None
 
 
 def test_no_rephrasing_is_a_held_out_form(train: list[Question]) -> None:
@@ -69,10 +73,8 @@ def test_no_rephrasing_is_a_held_out_form(train: list[Question]) -> None:
 def _opening(text: str) -> str | None:
     """The OPENING_STEMS aspect ``text`` was made from (a lead-in or closing around it allowed), else None."""
     for aspect, stems in OPENING_STEMS.items():
-        for stem in stems:
-            pattern = re.sub(r"\\\{\w+\\\}", ".+", re.escape(stem))
-            if re.search(pattern, text, re.IGNORECASE):
-                return aspect
+        if any(re.search(_stem_pattern(stem), text, re.IGNORECASE) for stem in stems):
+            return aspect
     return None
 
 
