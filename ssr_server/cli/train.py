@@ -146,6 +146,9 @@ def train_sft_command(
     grow_layers: Annotated[int, typer.Option(min=0, max=16, help=(
         "append N decoder layers to the language model before training, each starting as the identity "
         "(output projections at zero): room to learn more without losing what --init knows"))] = 0,
+    vision_lr_scale: Annotated[float, typer.Option(min=0.01, max=1.0, help=(
+        "train the vision tower with the language model at this share of the learning rate (1: alike); "
+        "not with --freeze-vision"))] = 1.0,
 ) -> None:
     """Supervised training on the world's oracle trajectories (loss on assistant tokens only)."""
     from ssr_server.train.sft import SFTConfig, train_sft
@@ -164,6 +167,9 @@ def train_sft_command(
                                  "take one")
     if drill_calls not in ("first", "all"):
         raise typer.BadParameter("--drill-calls takes first or all")
+    if freeze_vision and vision_lr_scale != 1.0:
+        raise typer.BadParameter("--vision-lr-scale sets the rate of a tower that --freeze-vision keeps "
+                                 "still: take one")
     figures = train_sft(SFTConfig(world=world, out=out, format=format, init=init, library=library,
                                   label_only=label_only, steps=steps, batch_size=batch_size, lr=lr, seed=seed,
                                   limit=limit, paraphrases=paraphrases, max_minutes=max_minutes,
@@ -182,7 +188,7 @@ def train_sft_command(
                                   zoom_edge_jitter=zoom_edge_jitter, zoom_retry=zoom_retry,
                                   zoom_sign=zoom_sign, zoom_sign_on=_sign_attributes(zoom_sign_on),
                                   zoom_count=zoom_count, search_count=search_count,
-                                  grow_layers=grow_layers))
+                                  grow_layers=grow_layers, vision_lr_scale=vision_lr_scale))
     _report_training(figures, out)
 
 

@@ -112,6 +112,20 @@ def trainable(model: Any, freeze_vision: bool) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def param_groups(model: Any, trained: Sequence[torch.nn.Parameter],
+                 vision_lr_scale: float = 1.0) -> list[dict[str, Any]]:
+    """``trained`` as optimizer groups, each with the ``scale`` of the run's learning rate it takes: the
+    vision tower's (and its deepstack mergers') ``vision_lr_scale``, the rest 1. A tower trained with the
+    language model at a fraction of its rate learns what the answers need to see without moving the
+    tokens the language model already reads as fast as its own weights move."""
+    if vision_lr_scale == 1.0:
+        return [{"params": list(trained), "scale": 1.0}]
+    tower = {id(p) for p in model.model.visual.parameters()}
+    groups = [{"params": [p for p in trained if id(p) not in tower], "scale": 1.0},
+              {"params": [p for p in trained if id(p) in tower], "scale": vision_lr_scale}]
+    return [g for g in groups if g["params"]]
+
+
 async def oracle_examples(world: Path, questions: Sequence[Question], tokenizer: Any, fmt: PromptFormat,
                           library: Library, mode: str, *, paraphrase_seeds: Sequence[int] = (0,),
                           label_only: bool = False, progress: bool = True,

@@ -39,6 +39,7 @@ from ssr_server.train.setup import (
     load_model,
     new_model,
     oracle_examples,
+    param_groups,
     split_questions,
     trainable,
     zoom_styled,
@@ -103,6 +104,7 @@ class SFTConfig:
     zoom_count: bool = False  # count questions zoom on the motif before answering
     search_count: bool = False  # count questions searched: image, then text, then answer (look_search.py)
     grow_layers: int = 0  # identity layers appended to the language model before training (grow.py)
+    vision_lr_scale: float = 1.0  # the tower's learning rate as a share of the run's (setup.param_groups)
 
 
 def _lr(step: int, cfg: SFTConfig) -> float:
@@ -154,7 +156,8 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
     rephraser = (Rephraser(tok, questions, cfg.rephrase, cfg.rephrase_pictures, cfg.rephrase_refs,
                            cfg.rephrase_openings) if cfg.rephrase else None)
     trained = trainable(model, cfg.freeze_vision)
-    optimizer = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(param_groups(model, trained, cfg.vision_lr_scale), lr=cfg.lr,
+                                  betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
     config = {k: str(v) for k, v in asdict(cfg).items()}
     commands = reproduce(cfg.world, cfg.init)
     meta: dict[str, Any] = {"config": config, "command": "\n".join(commands), "commands": commands}
@@ -208,7 +211,7 @@ def train_sft(cfg: SFTConfig, progress: bool = True) -> dict[str, Any]:
             at = (budget_step(step, cfg.steps, (time.perf_counter() - started) / 60, cfg.max_minutes)
                   if cfg.anneal_by_time else step)
             for group in optimizer.param_groups:
-                group["lr"] = _lr(at, cfg)
+                group["lr"] = _lr(at, cfg) * group["scale"]
             if drawn == COPY:  # seeded per step, like the names: a resumed run draws the same rows
                 generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
                 widened = step / (0.8 * cfg.copy_warmup) if cfg.copy_warmup else 1.0

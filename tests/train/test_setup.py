@@ -11,7 +11,14 @@ import pytest
 from ssr_server.agent.escape import Escaper
 from ssr_server.formats.format import get_format
 from ssr_server.library import LibraryRegistry
-from ssr_server.train.setup import PHRASE_MIN_CHARS, load_model, new_model, prompt_phrases, trainable
+from ssr_server.train.setup import (
+    PHRASE_MIN_CHARS,
+    load_model,
+    new_model,
+    param_groups,
+    prompt_phrases,
+    trainable,
+)
 from ssr_server.world import load_questions
 from ssr_server.world.views import styled_box
 
@@ -90,3 +97,16 @@ def test_trainable_leaves_out_exactly_the_frozen_tower(tiny_model_dir: Path) -> 
     assert set(map(id, trainable(model, False))) == {id(p) for p in model.parameters()}
     frozen = {id(p) for p in trainable(model, True)}
     assert tower and not frozen & tower and frozen == {id(p) for p in model.parameters()} - tower
+
+
+def test_param_groups_give_the_tower_its_share_of_the_rate_and_adamw_moves_it_that_much(
+        tiny_model_dir: Path) -> None:
+    model, _ = load_model(tiny_model_dir)
+    tower = {id(p) for p in model.model.visual.parameters()}
+    trained = trainable(model, False)
+    assert [(len(g["params"]), g["scale"]) for g in param_groups(model, trained)] == [(len(trained), 1.0)]
+    groups = param_groups(model, trained, 0.25)
+    assert [g["scale"] for g in groups] == [1.0, 0.25]
+    assert {id(p) for p in groups[1]["params"]} == tower
+    assert {id(p) for p in groups[0]["params"]} == {id(p) for p in trained} - tower
+    assert [g["scale"] for g in param_groups(model, trainable(model, True), 0.25)] == [1.0]

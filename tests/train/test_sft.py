@@ -121,6 +121,25 @@ def test_freezing_the_vision_tower_trains_the_language_model_only(world_dir: Pat
     assert sum(not torch.equal(before[k], after[k]) for k in rest) > len(rest) // 2
 
 
+def test_a_tower_trained_at_a_share_of_the_rate_moves_that_much_less(world_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    base = SFTConfig(world=world_dir, out=tmp_path / "base", init="64x1", steps=1, batch_size=4, limit=16,
+                     threads=1, warmup=1)
+    train_sft(base, progress=False)
+    out = tmp_path / "model"
+    train_sft(SFTConfig(**{**base.__dict__, "out": out, "init": str(base.out), "steps": 3, "lr": 1e-2,
+                           "vision_lr_scale": 0.05, "pictures_every": 2, "pictures_batch": 4}),
+              progress=False)
+    before = AutoModelForImageTextToText.from_pretrained(base.out).state_dict()
+    after = AutoModelForImageTextToText.from_pretrained(out).state_dict()
+    moved = {k: float((after[k] - before[k]).abs().max()) for k in before if before[k].is_floating_point()}
+    tower = max(v for k, v in moved.items() if ".visual." in k)
+    rest = max(v for k, v in moved.items() if ".visual." not in k)
+    # AdamW moves a weight by about its rate a step whatever its gradient's size: a twentieth, give or take
+    assert 0 < tower < 0.2 * rest
+
+
 def test_a_run_from_a_model_folder_keeps_its_picture_size(world_dir: Path, tmp_path: Path) -> None:
     base = SFTConfig(world=world_dir, out=tmp_path / "base", init="64x1", steps=1, batch_size=2, limit=8,
                      threads=1, warmup=1)

@@ -146,3 +146,21 @@ def test_sft_passes_the_sign_zoom_the_count_search_and_the_grown_layers_and_refu
                 ["--grow-layers", "-1"], ["--search-count", "--zoom-count"]):
         result = CliRunner().invoke(app, [*base, *bad])
         assert result.exit_code == 2 and bad[0] in result.output and len(seen) == 2, bad
+
+
+def test_sft_passes_the_towers_learning_rate_share_and_refuses_it_with_a_frozen_tower(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ssr_server.train import sft
+
+    seen: list[Any] = []
+    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
+    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
+    base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, [*base, "--vision-lr-scale", "0.2"])
+    assert result.exit_code == 0, result.output
+    CliRunner().invoke(app, base)
+    assert [cfg.vision_lr_scale for cfg in seen] == [0.2, 1.0]
+    for bad in (["--vision-lr-scale", "0.2", "--freeze-vision"], ["--vision-lr-scale", "0"],
+                ["--vision-lr-scale", "1.5"]):
+        result = CliRunner().invoke(app, [*base, *bad])
+        assert result.exit_code == 2 and "--vision-lr-scale" in result.output and len(seen) == 2, bad
