@@ -11,6 +11,17 @@ from typer.testing import CliRunner
 from ssr_server.cli import app
 
 
+@pytest.fixture
+def sft_configs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The SFTConfig of every `train sft` the test invokes, in order (the training itself not run)."""
+    from ssr_server.train import sft
+
+    seen: list[Any] = []
+    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
+    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
+    return seen
+
+
 def test_sft_refuses_copying_every_single_step(tmp_path: Path) -> None:
     args = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o"), "--copy-every", "1"]
     result = CliRunner().invoke(app, args)
@@ -19,12 +30,8 @@ def test_sft_refuses_copying_every_single_step(tmp_path: Path) -> None:
 
 
 def test_sft_passes_a_reading_phase_and_annealing_by_time(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from ssr_server.train import sft
-
-    seen: list[Any] = []
-    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
-    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
+                                                          sft_configs: list[Any]) -> None:
+    seen = sft_configs
     base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
     flags = ["--pictures-every", "1", "--no-picture-moves", "--anneal-by-time", "--freeze-vision"]
     result = CliRunner().invoke(app, [*base, *flags])
@@ -39,12 +46,8 @@ def test_sft_passes_a_reading_phase_and_annealing_by_time(tmp_path: Path,
 
 
 def test_sft_passes_the_picture_rephrasings_and_refuses_them_without_a_share(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ssr_server.train import sft
-
-    seen: list[Any] = []
-    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
-    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
+        tmp_path: Path, sft_configs: list[Any]) -> None:
+    seen = sft_configs
     base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
     result = CliRunner().invoke(app, [*base, "--rephrase", "0.5", "--rephrase-pictures", "--rephrase-refs",
                                       "--rephrase-openings"])
@@ -128,12 +131,8 @@ def test_sft_and_vision_pass_the_zoom_style_and_refuse_an_unknown_one(
 
 
 def test_sft_passes_the_sign_zoom_the_count_search_and_the_grown_layers_and_refuses_bad_values(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ssr_server.train import sft
-
-    seen: list[Any] = []
-    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
-    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
+        tmp_path: Path, sft_configs: list[Any]) -> None:
+    seen = sft_configs
     base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o"), "--zoom-sign"]
     result = CliRunner().invoke(app, [*base, "--zoom-sign-on", "char", "--grow-layers", "2",
                                       "--search-count"])
@@ -149,12 +148,8 @@ def test_sft_passes_the_sign_zoom_the_count_search_and_the_grown_layers_and_refu
 
 
 def test_sft_passes_the_towers_learning_rate_share_and_refuses_it_with_a_frozen_tower(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ssr_server.train import sft
-
-    seen: list[Any] = []
-    monkeypatch.setattr(sft, "train_sft", lambda cfg: seen.append(cfg) or {})
-    monkeypatch.setattr("ssr_server.cli.train._report_training", lambda figures, out: None)
+        tmp_path: Path, sft_configs: list[Any]) -> None:
+    seen = sft_configs
     base = ["train", "sft", "--world", str(tmp_path), "--out", str(tmp_path / "o")]
     result = CliRunner().invoke(app, [*base, "--vision-lr-scale", "0.2"])
     assert result.exit_code == 0, result.output
