@@ -118,7 +118,7 @@ def param_groups(model: Any, trained: Sequence[torch.nn.Parameter],
     vision tower's (and its deepstack mergers') ``vision_lr_scale``, the rest 1. A tower trained with the
     language model at a fraction of its rate learns what the answers need to see without moving the
     tokens the language model already reads as fast as its own weights move."""
-    if vision_lr_scale == 1.0:
+    if vision_lr_scale == 1.0:  # one group, as before the option: older checkpoints' optimizers resume
         return [{"params": list(trained), "scale": 1.0}]
     tower = {id(p) for p in model.model.visual.parameters()}
     groups = [{"params": [p for p in trained if id(p) not in tower], "scale": 1.0},
