@@ -10,17 +10,18 @@
 # /data/hf, the agent's own (the offline tiny model, demo tool data) in /data/ssr-cache.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
-# Same SGLang version as the CPU test harness (shared/notes/sglang-on-cpu.md).
+# Same SGLang version as the CPU test harness (SGLANG_VERSION in scripts/sglang-cpu.sh).
 ARG SGLANG_IMAGE=lmsysorg/sglang:v0.5.23
 ARG TORCH_VERSION=2.13.0
 ARG APP_UID=10001
 
-# --- wheel: build the project once; both targets install the same wheel --------------------------------
+# --- wheel: build the project once; both targets install the same wheel (the one tests/packaging builds) --
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY candidates ./candidates
 COPY ssr_server ./ssr_server
+COPY ssr_lab ./ssr_lab
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- cpu: python slim + CPU torch + the project ------------------------------------------------------------

@@ -25,14 +25,14 @@ for _ in $(seq 1 300); do
   sleep 0.5
 done
 # The demo world's headline question: a landmark's height from its picture alone (image search, then
-# text search). The server serves the same preset of the benchmark world.
+# text search). The server searches the same demo world, shipped in the package.
 IMG=$(mktemp --suffix=.jpg)
 GOLD=$(mktemp)
 QUESTION=$(.venv/bin/python - "$IMG" "$GOLD" <<'PY'
-import shutil, sys, tempfile
-from ssr_server.world import demo_questions, demo_world, showcase_question
-world = demo_world(tempfile.mkdtemp(prefix="ssr-demo-"))
-question = showcase_question(demo_questions(world))
+import shutil, sys
+from ssr_server.tools.demo import shipped_demo_world, showcase_question
+world = shipped_demo_world()
+question = showcase_question(world.questions())
 shutil.copy(world.root / question.image, sys.argv[1])
 with open(sys.argv[2], "w") as f:
     f.write("".join(a + "\n" for a in [question.answer, *question.aliases]))

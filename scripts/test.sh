@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set up everything from the project's own files, lint, type-check, run the suite.
+# The test command: set up everything from the project's own files, lint, type-check, check the import
+# contracts (pyproject.toml), build the docs site strictly, run the suite.
 # Includes the real SGLang CPU harness (its own cached venv) and promtool (Debian package prometheus,
 # installed with apt-get when missing) for the alert rules.
 set -euo pipefail
@@ -13,5 +14,9 @@ if ! command -v promtool >/dev/null 2>&1; then
 fi
 bash scripts/sglang-cpu.sh venv
 .venv/bin/ruff check .
-.venv/bin/mypy ssr_server
+.venv/bin/mypy ssr_server ssr_lab
+.venv/bin/lint-imports --no-cache
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 exec .venv/bin/pytest -q -p no:cacheprovider "$@"

@@ -48,19 +48,6 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def demo_assets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("demo") / "world"
-
-
-@pytest.fixture(scope="session")
-def world_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The demo preset of the benchmark world on disk (questions, corpus, image index, views)."""
-    from ssr_server.world import demo_world
-
-    return demo_world(tmp_path_factory.mktemp("world") / "demo").root
-
-
-@pytest.fixture(scope="session")
 def torch_engine(tiny_model_dir: Path) -> Iterator[Any]:
     import asyncio
 
@@ -72,10 +59,10 @@ def torch_engine(tiny_model_dir: Path) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def demo_tools(demo_assets_dir: Path) -> Any:
+def demo_tools() -> Any:
     from ssr_server.tools.registry import demo_registry
 
-    return demo_registry(demo_assets_dir)
+    return demo_registry()
 
 
 @contextlib.contextmanager
@@ -85,7 +72,7 @@ def live_server(settings: Any = None, engine: Any = None, tools: Any = None,
     import uvicorn
 
     from ssr_server.api.app import create_app
-    from ssr_server.config import Settings
+    from ssr_server.core.config import Settings
 
     port = free_port()
     settings = settings or Settings()
@@ -113,7 +100,7 @@ def live_server(settings: Any = None, engine: Any = None, tools: Any = None,
 
 @pytest.fixture(scope="session")
 def server_url(torch_engine: Any, demo_tools: Any) -> Iterator[str]:
-    from ssr_server.config import Settings
+    from ssr_server.core.config import Settings
 
     with live_server(Settings(max_concurrent_runs=8, max_queued_runs=32), torch_engine, demo_tools) as url:
         yield url

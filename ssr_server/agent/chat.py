@@ -1,11 +1,12 @@
 """The one chat renderer: messages, questions and observations to token ids, through the prompt format.
 
 Every place that builds a context uses it: the agent loop (``start``, ``observation``), the selection
-route and the OpenAI route (``render``). External text is escaped (``Escaper``); images are written as
-the format's placeholders (``[IMAGE n]``, one-based over the run's image registry) and each placeholder
-becomes the format's vision marker, whose single ``<|image_pad|>`` the engines expand (the compact
-``Context``). Contexts grow by appending tokens, never by re-tokenising, so turn t+1's context is turn
-t's plus new tokens and the prefix cache reuses everything before.
+route and the OpenAI route (``render``, on their ``PendingMessage``s once the images are fetched).
+External text is escaped (``Escaper``); images are written as the format's placeholders (``[IMAGE n]``,
+one-based over the run's image registry) and each placeholder becomes the format's vision marker, whose
+single ``<|image_pad|>`` the engines expand (the compact ``Context``). Contexts grow by appending
+tokens, never by re-tokenising, so turn t+1's context is turn t's plus new tokens and the prefix cache
+reuses everything before.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ssr_server.agent.escape import Escaper
-from ssr_server.engine.base import Context, ImageRef
-from ssr_server.errors import InvalidRequest
-from ssr_server.formats.format import PromptFormat
-from ssr_server.library import Library
+from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.formats.format import PromptFormat
+from ssr_server.core.library import Library
+from ssr_server.core.protocol import Context, ImageRef
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -40,6 +41,22 @@ class Message:
     content: tuple[str | ImageRef, ...] = ()
     reasoning: str | None = None
     tool_calls: tuple[ToolCallRecord, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class PendingMessage:
+    """A message as a request states it, before its images are fetched: each image is the index of its
+    source in the request's list. The HTTP routes check a request's limits and take an admission slot
+    before any image I/O, so their messages wait in this form until the images are in."""
+
+    role: Role
+    content: tuple[str | int, ...] = ()
+
+    def texts(self) -> list[str]:
+        return [p for p in self.content if isinstance(p, str)]
+
+    def with_images(self, images: Sequence[ImageRef]) -> Message:
+        return Message(self.role, tuple(images[p] if isinstance(p, int) else p for p in self.content))
 
 
 class ChatRenderer:

@@ -22,15 +22,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ssr_server import metrics
-from ssr_server.agent.actions import TOOL_ACTIONS
 from ssr_server.agent.chat import Message
 from ssr_server.agent.loop import Agent
 from ssr_server.agent.trace import Turn
 from ssr_server.agent.turn import ActionChoice
-from ssr_server.engine.base import Context
-from ssr_server.errors import InvalidRequest
-from ssr_server.library import Library
+from ssr_server.core import metrics
+from ssr_server.core.actions import TOOL_ACTIONS
+from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.library import Library
+from ssr_server.core.limits import DEFAULT_REASONING_TOKENS
+from ssr_server.core.protocol import Context
+from ssr_server.core.selection import DEFAULT_ALPHA, DEFAULT_TAU
 
 ANSWER = "answer"
 ReasoningCallback = Callable[[str], Awaitable[None]]
@@ -59,12 +61,12 @@ class ToolChoice:
 @dataclass(frozen=True)
 class CompletionOptions:
     mode: Literal["ssr", "freeform"] = "ssr"
-    tau: float = 0.0
-    alpha: float = 1.0
+    tau: float = DEFAULT_TAU
+    alpha: float = DEFAULT_ALPHA
     temperature: float = 0.0
     seed: int | None = None
     max_tokens: int | None = None  # caps the decoded action (and freeform reasoning)
-    reasoning_budget: int = 256  # freeform reasoning tokens
+    reasoning_budget: int = DEFAULT_REASONING_TOKENS  # freeform reasoning tokens
 
 
 @dataclass

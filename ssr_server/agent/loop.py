@@ -19,18 +19,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ssr_server import metrics
-from ssr_server.agent.actions import ALL_ACTIONS, allowed_actions
 from ssr_server.agent.chat import ChatRenderer
 from ssr_server.agent.observe import invalid_action_text, observation_text
 from ssr_server.agent.trace import Run, Turn
 from ssr_server.agent.turn import TurnMaker
-from ssr_server.engine.base import Context, Engine, ImageRef
-from ssr_server.errors import ContextTooLong, InvalidRequest
-from ssr_server.formats.format import PromptFormat, get_format
-from ssr_server.library import Library, LibraryRegistry
-from ssr_server.limits import MAX_ALPHA, MAX_REASONING_TOKENS, MAX_TAU, MAX_TURNS
-from ssr_server.tools.base import ToolCall, ToolContext
+from ssr_server.core import metrics
+from ssr_server.core.actions import ALL_ACTIONS, ToolCall, allowed_actions
+from ssr_server.core.errors import ContextTooLong, InvalidRequest
+from ssr_server.core.formats.format import PromptFormat, get_format
+from ssr_server.core.library import Library, LibraryRegistry
+from ssr_server.core.limits import (
+    DEFAULT_MAX_TURNS,
+    DEFAULT_REASONING_TOKENS,
+    MAX_ALPHA,
+    MAX_REASONING_TOKENS,
+    MAX_TAU,
+    MAX_TURNS,
+)
+from ssr_server.core.protocol import Context, Engine, ImageRef
+from ssr_server.core.selection import DEFAULT_ALPHA, DEFAULT_TAU
+from ssr_server.tools.base import ToolContext
 from ssr_server.tools.registry import ToolRegistry
 
 TurnCallback = Callable[[Turn], Awaitable[None]]
@@ -42,13 +50,13 @@ class RunOptions:
     mode: str = "ssr"
     library: str = "default"
     candidates: tuple[str, ...] = ()  # explicit candidate texts (action "any"), instead of a library
-    tau: float = 0.0
-    alpha: float = 1.0
-    max_turns: int = 6
+    tau: float = DEFAULT_TAU
+    alpha: float = DEFAULT_ALPHA
+    max_turns: int = DEFAULT_MAX_TURNS
     seed: int | None = None
     label_only: bool = False  # ablation: score only the candidates' labels
     max_errors: int = 3  # invalid actions / failed tools before the run ends as an error
-    reasoning_budget: int = 256  # freeform: max reasoning tokens per turn
+    reasoning_budget: int = DEFAULT_REASONING_TOKENS  # freeform: max reasoning tokens per turn
     action_temperature: float = 0.0  # 0: greedy actions; > 0 samples them (RL rollouts)
     tool_timeout_s: float | None = None
 

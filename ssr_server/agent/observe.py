@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ssr_server.formats.format import PromptFormat
+from ssr_server.core.formats.format import PromptFormat
 from ssr_server.tools.base import Observation
 
 

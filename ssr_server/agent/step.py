@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ssr_server import metrics
-from ssr_server.engine.base import CandidateScore, Context, Engine
-from ssr_server.library import Candidate, Library
-from ssr_server.selection import Selection, select
+from ssr_server.core import metrics
+from ssr_server.core.library import Candidate, Library
+from ssr_server.core.protocol import CandidateScore, Context, Engine
+from ssr_server.core.selection import Selection, select
 
 
 @dataclass(frozen=True)

@@ -20,16 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from ssr_server.agent.actions import ACTIONS, ActionSpec
 from ssr_server.agent.chat import ChatRenderer
 from ssr_server.agent.step import select_step
 from ssr_server.agent.trace import Turn
-from ssr_server.engine.base import Context, Engine, GenerationParams, Grammar
-from ssr_server.errors import ActionParseError
-from ssr_server.formats.format import PromptFormat
-from ssr_server.library import Library
-from ssr_server.selection import select
-from ssr_server.tools.base import ToolCall
+from ssr_server.core.actions import ACTIONS, ActionSpec, ToolCall
+from ssr_server.core.errors import ActionParseError
+from ssr_server.core.formats.format import PromptFormat
+from ssr_server.core.library import Library
+from ssr_server.core.protocol import Context, Engine, GenerationParams, Grammar
+from ssr_server.core.selection import select
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from typing import Protocol, TypeVar
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ssr_server import metrics
 from ssr_server.api.errors import error_response, retry_headers
-from ssr_server.errors import Overloaded, ShuttingDown
+from ssr_server.core import metrics
+from ssr_server.core.errors import Overloaded, ShuttingDown
 
 T = TypeVar("T")
 _EXPIRED = "the server shut down before the run finished; retry on another replica"

@@ -8,7 +8,6 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,19 +15,21 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ssr_server import __version__, metrics
+from ssr_server import __version__
 from ssr_server.agent.completion import Completer, ReasoningMemory
 from ssr_server.agent.loop import Agent
 from ssr_server.api.admission import Admission, AdmissionGate
 from ssr_server.api.errors import error_response, install_error_handlers
-from ssr_server.api.images import ImageLimits, return_freed_memory_to_the_os
 from ssr_server.api.shutdown import CountRequests, Drain, RequestCounter
 from ssr_server.api.state import AppState
 from ssr_server.api.stats import LatencyWindow
-from ssr_server.config import Settings
-from ssr_server.engine.base import Engine
-from ssr_server.formats.format import get_format
-from ssr_server.library import LibraryRegistry
+from ssr_server.core import metrics
+from ssr_server.core.config import Settings
+from ssr_server.core.formats.format import get_format
+from ssr_server.core.images.intake import return_freed_memory_to_the_os
+from ssr_server.core.images.limits import ImageLimits
+from ssr_server.core.library import LibraryRegistry
+from ssr_server.core.protocol import Engine
 from ssr_server.tools.registry import ToolRegistry, build_registry, demo_registry
 
 log = logging.getLogger(__name__)
@@ -39,10 +40,7 @@ def build_tools(settings: Settings) -> ToolRegistry:
         return build_registry(searxng_url=settings.searxng_url, image_search_url=settings.image_search_url,
                               corpus_path=settings.corpus_path, image_index_dir=settings.image_index_dir,
                               default_timeout_s=settings.tool_timeout_s)
-    from ssr_server.engine.tiny import default_tiny_dir
-
-    root = Path(settings.cache_dir) if settings.cache_dir else default_tiny_dir().parent
-    return demo_registry(root / "demo-world", default_timeout_s=settings.tool_timeout_s)
+    return demo_registry(default_timeout_s=settings.tool_timeout_s)
 
 
 # The routes that take an admission slot.
@@ -172,11 +170,13 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
                          description=("Selection-based structured reasoning for small multimodal search"
                                       " agents."))
     install_error_handlers(app)
-    from ssr_server.api.openai import router as openai_router
-    from ssr_server.api.routes import router
+    from ssr_server.api import ops
+    from ssr_server.api.openai import router as openai
+    from ssr_server.api.rest import router as rest
 
-    app.include_router(router)
-    app.include_router(openai_router)
+    app.include_router(ops.router)
+    app.include_router(rest.router)
+    app.include_router(openai.router)
 
     def admission() -> Admission | None:
         state: AppState | None = getattr(app.state, "ssr", None)

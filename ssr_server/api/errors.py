@@ -11,7 +11,6 @@ addresses (``<_io.BytesIO object at 0x...>``), whatever library text they quote.
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,19 +18,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ssr_server import metrics
-from ssr_server.errors import Overloaded, ShuttingDown, SSRError
+from ssr_server.core import metrics
+from ssr_server.core.errors import Overloaded, ShuttingDown, SSRError, public_message
 
 log = logging.getLogger(__name__)
 
 SHUTDOWN_RETRY_AFTER_S = 1  # another replica can take the request at once
-_REPR = re.compile(r"\s*<[^<>]*\bat 0x[0-9a-fA-F]+>")
-_ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{8,}\b")
-
-
-def public_message(text: str) -> str:
-    """``text`` without object reprs and memory addresses (library messages quote their objects)."""
-    return _ADDRESS.sub("0x...", _REPR.sub("", text)).strip()
 
 
 OPENAI_PATHS = ("/v1/chat/completions", "/v1/models")

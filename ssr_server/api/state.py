@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
+from fastapi import Request
 
 from ssr_server.agent.completion import Completer, ReasoningMemory
 from ssr_server.agent.loop import Agent
 from ssr_server.api.admission import Admission
-from ssr_server.api.images import ImageLimits
 from ssr_server.api.shutdown import Drain
 from ssr_server.api.stats import LatencyWindow
-from ssr_server.config import Settings
-from ssr_server.engine.base import Engine
-from ssr_server.library import LibraryRegistry
+from ssr_server.core.config import Settings
+from ssr_server.core.images.intake import load_image
+from ssr_server.core.images.limits import ImageLimits
+from ssr_server.core.library import LibraryRegistry
+from ssr_server.core.protocol import Engine, ImageRef
 from ssr_server.tools.registry import ToolRegistry
 
 
@@ -33,3 +37,13 @@ class AppState:
     completer: Completer  # the OpenAI route's turn
     reasoning_memory: ReasoningMemory  # reasoning of returned tool calls, by call id
     started: int  # unix time (GET /v1/models)
+
+    async def load_images(self, specs: Sequence[str]) -> list[ImageRef]:
+        """A request's images, through the one safe intake (size, pixel and URL limits), concurrently."""
+        return list(await asyncio.gather(*(load_image(s, self.image_limits, self.http) for s in specs)))
+
+
+def app_state(request: Request) -> AppState:
+    """The state the lifespan built: a route runs only after the lifespan started."""
+    state: AppState = request.app.state.ssr
+    return state

@@ -1,1 +1,1 @@
-"""Batches of agent runs: the runners shared by `ssr-server infer` and `ssr-server eval`."""
+"""Batches of agent runs: the runners shared by `ssr-server infer` and `ssr-lab eval`."""

@@ -25,8 +25,8 @@ from typing import Any
 
 from ssr_server.agent.loop import RunOptions
 from ssr_server.batch.runner import Job, Result, Runner, run_jobs, with_seed
-from ssr_server.errors import InvalidRequest
-from ssr_server.summary import percentiles
+from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.summary import percentiles
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Many agent runs, in process or against a running server, with bounded concurrency and a progress bar.
 
-``ssr-server infer`` and ``ssr-server eval`` both hand a list of ``Job``s to ``run_jobs``: a
+``ssr-server infer`` and ``ssr-lab eval`` both hand a list of ``Job``s to ``run_jobs``: a
 ``LocalRunner`` drives the agent loop on an engine in this process (the final context comes back too),
 a ``RemoteRunner`` posts each job to ``POST /v1/agent/runs`` of a server (embedded or SGLang-backed).
 A job that fails (bad image, HTTP error) becomes a result with ``error`` set; the others go on.
@@ -19,10 +19,11 @@ from typing import Any, Protocol
 import httpx
 
 from ssr_server.agent.loop import Agent, RunOptions
-from ssr_server.api.images import ImageLimits, decode_image_bytes
-from ssr_server.engine.base import ImageRef
-from ssr_server.errors import SSRError
-from ssr_server.progress import progress_bar
+from ssr_server.core.errors import SSRError
+from ssr_server.core.images.intake import decode_image_bytes
+from ssr_server.core.images.limits import ImageLimits
+from ssr_server.core.progress import progress_bar
+from ssr_server.core.protocol import ImageRef
 
 
 @dataclass(frozen=True)

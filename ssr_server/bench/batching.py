@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ssr_server.bench.mixed import long_context
-from ssr_server.engine.base import Context
+from ssr_server.core.protocol import Context
 
 LEVELS = (1, 2, 4, 8)
 
@@ -43,9 +43,9 @@ def run_batching_bench(engine: Any, levels: Sequence[int] = LEVELS, past_tokens:
     """Forward time of N decode steps and of N selections, each run on its own cached context.
 
     ``engine``: an embedded ``TorchEngine`` whose worker is idle (the runner is driven on this thread)."""
+    from ssr_server.core.formats.format import get_format
+    from ssr_server.core.library import LibraryRegistry
     from ssr_server.engine.torch.runner import Chunk
-    from ssr_server.formats.format import get_format
-    from ssr_server.library import LibraryRegistry
 
     levels = sorted({int(n) for n in levels})
     if not levels or levels[0] < 1 or repeats < 1 or past_tokens < 1:

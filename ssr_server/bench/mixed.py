@@ -131,7 +131,7 @@ async def _one(engine: Any, decode_ctx: Any, long_ctx: Any | None, cands: list[l
                start_after: int) -> tuple[list[float], float]:
     """Decode ``n`` tokens; with ``long_ctx``, score on it once ``start_after`` tokens are out.
     Returns the ITL gaps (overlapping the prefill when there is one) and the prefill's latency."""
-    from ssr_server.engine.base import GenerationParams
+    from ssr_server.core.protocol import GenerationParams
 
     params = GenerationParams(max_new_tokens=n, ignore_eos=True)
     with forward_tap(engine, want=start_after) as tap:
@@ -150,7 +150,7 @@ async def _one(engine: Any, decode_ctx: Any, long_ctx: Any | None, cands: list[l
 def run_mixed_bench(engine: Any, *, long_tokens: int = LONG_TOKENS, decode_tokens: int = 256,
                     start_after: int = 8, repeats: int = 5) -> dict[str, Any]:
     """ITL p50/p95 of a decoding run alone and during another run's long prefill; see the module doc."""
-    from ssr_server.engine.base import Context
+    from ssr_server.core.protocol import Context
 
     tok = engine.tokenizer
     cands = [list(tok.encode(t, add_special_tokens=False)) for t in (

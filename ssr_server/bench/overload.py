@@ -159,7 +159,7 @@ def run_overload_bench(*, running: int = 16, queued: int = 64, factor: int = 4, 
     keeps images at full size, N downscales to N pixels. ``prefix_cache_mb``: the engine's KV cache
     bound (None: the server's default); the cache keeps every finished run's context up to it, so it
     grows with the runs served, overload or not."""
-    from ssr_server.config import Settings
+    from ssr_server.core.config import Settings
 
     capacity = running + queued
     sent = factor * capacity

@@ -39,14 +39,14 @@ from typing import Any, TypeVar
 import torch
 from PIL import Image, ImageDraw
 
-from ssr_server.engine.base import Context, ImageRef
+from ssr_server.core.errors import EngineError
+from ssr_server.core.protocol import Context, ImageRef
 from ssr_server.engine.torch import segments
 from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.loader import LoadedModel, configure_bf16_matmul, load_model, resolve_dtype
 from ssr_server.engine.torch.multimodal import ImageCache, expand
 from ssr_server.engine.torch.prefix_cache import CacheEntry, PrefixCache
 from ssr_server.engine.torch.runner import Chunk, ModelRunner
-from ssr_server.errors import EngineError
 
 T = TypeVar("T")
 
@@ -172,8 +172,8 @@ def bench_context(lm: LoadedModel, candidates: Sequence[Sequence[int]],
                   target_tokens: int = CONTEXT_TOKENS) -> Context:
     """Turn 2 of an agent run: prompt (+ image), chosen rationale, action, observation; ~target tokens."""
     from ssr_server.agent.chat import ChatRenderer
-    from ssr_server.formats.format import get_format
-    from ssr_server.library import LibraryRegistry
+    from ssr_server.core.formats.format import get_format
+    from ssr_server.core.library import LibraryRegistry
 
     fmt = get_format()
     chat = ChatRenderer(lm.tokenizer, fmt)
@@ -192,8 +192,8 @@ def bench_context(lm: LoadedModel, candidates: Sequence[Sequence[int]],
 
 
 def default_candidates(lm: LoadedModel) -> list[list[int]]:
-    from ssr_server.formats.format import get_format
-    from ssr_server.library import LibraryRegistry
+    from ssr_server.core.formats.format import get_format
+    from ssr_server.core.library import LibraryRegistry
 
     library = LibraryRegistry().get("default")
     surfaces = get_format().candidate_surfaces(library)

@@ -183,7 +183,7 @@ def run_serve_bench(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from ssr_server.api.app import build_tools
-    from ssr_server.config import Settings
+    from ssr_server.core.config import Settings
     from ssr_server.engine.factory import build_engine, resolve_model
 
     levels_in = sorted({int(c) for c in concurrencies})

@@ -19,7 +19,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from ssr_server.engine.base import CandidateScore, Context, GenerationParams
+from ssr_server.core.protocol import CandidateScore, Context, GenerationParams
 from ssr_server.engine.sglang.client import SGLangEngine
 
 T = TypeVar("T")

@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ssr_server.cli.common import make_settings
+from ssr_server.cli.common import MODEL_HELP, make_settings
 
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks that print figures measured side by side.")
 
@@ -42,7 +42,7 @@ def bench_scoring(
 
 @bench_app.command("serve")
 def bench_serve(
-    model: Annotated[str | None, typer.Option(help="model dir (default: the offline tiny model)")] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     concurrency: Annotated[list[int] | None, typer.Option(help="levels (repeatable)")] = None,
     runs: Annotated[int, typer.Option(help="runs per level")] = 32,
     max_turns: Annotated[int, typer.Option()] = 4,
@@ -65,7 +65,7 @@ def bench_serve(
 
 @bench_app.command("batching")
 def bench_batching(
-    model: Annotated[str | None, typer.Option(help="model dir (default: the offline tiny model)")] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     concurrency: Annotated[list[int] | None, typer.Option(help="runs sharing a forward (repeatable)")] = None,
     past_tokens: Annotated[int, typer.Option(min=1, help="tokens of each run's cached context")] = 600,
     repeats: Annotated[int, typer.Option(min=1, help="forwards timed per point (median)")] = 9,
@@ -116,7 +116,7 @@ def bench_overload(
     decode_concurrency: Annotated[int, typer.Option(help="SSR_IMAGE_DECODE_CONCURRENCY")] = 2,
     prefix_cache_mb: Annotated[int | None, typer.Option(
         help="SSR_PREFIX_CACHE_MB (default: the server's); the KV cache grows with runs served")] = None,
-    model: Annotated[str | None, typer.Option(help="model dir (default: the offline tiny model)")] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     timeout: Annotated[float, typer.Option(help="seconds for all the answers")] = 600.0,
     json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
 ) -> None:

@@ -10,7 +10,7 @@ MODEL_HELP = "model dir or hub id (default: the shipped trained model; tiny-rand
 
 def make_settings(**overrides: Any) -> Any:
     """The server's settings (SSR_* variables), with the options a user gave on top."""
-    from ssr_server.config import Settings
+    from ssr_server.core.config import Settings
 
     return Settings(**{k: v for k, v in overrides.items() if v is not None})
 
@@ -20,9 +20,9 @@ def local_agent(settings: Any, world: Path | None = None) -> Any:
     the settings (the demo world when none is set), libraries and format from the settings."""
     from ssr_server.agent.loop import Agent
     from ssr_server.api.app import build_tools
+    from ssr_server.core.formats.format import get_format
+    from ssr_server.core.library import LibraryRegistry
     from ssr_server.engine.factory import build_engine
-    from ssr_server.formats.format import get_format
-    from ssr_server.library import LibraryRegistry
     from ssr_server.tools.registry import build_registry
 
     engine = build_engine(settings)

@@ -10,6 +10,8 @@ from typing import Annotated, Any
 import typer
 
 from ssr_server.cli.common import MODEL_HELP, local_agent, make_settings
+from ssr_server.core.limits import DEFAULT_MAX_TURNS
+from ssr_server.core.selection import DEFAULT_TAU
 
 
 def serve(
@@ -68,9 +70,9 @@ def ask(
     server: Annotated[str | None, typer.Option(help="ask a running server instead (URL)")] = None,
     mode: Annotated[str, typer.Option(help="ssr | freeform")] = "ssr",
     library: Annotated[str, typer.Option()] = "default",
-    tau: Annotated[float, typer.Option()] = 0.0,
+    tau: Annotated[float, typer.Option()] = DEFAULT_TAU,
     seed: Annotated[int | None, typer.Option()] = None,
-    max_turns: Annotated[int, typer.Option()] = 6,
+    max_turns: Annotated[int, typer.Option()] = DEFAULT_MAX_TURNS,
     as_json: Annotated[bool, typer.Option("--json", help="print the whole run as JSON")] = False,
     api_key: Annotated[str | None, typer.Option(envvar="SSR_API_KEY")] = None,
     expect_answer: Annotated[bool, typer.Option(help="exit 2 unless the run ends with an answer")] = False,
@@ -104,7 +106,7 @@ def ask(
         typer.echo(f"the run ended without an answer (outcome {run['outcome']})", err=True)
         raise typer.Exit(2)
     if gold:
-        from ssr_server.world import is_correct
+        from ssr_server.core.answers import is_correct
 
         right = run["answer"] is not None and is_correct(run["answer"], gold[0], gold[1:])
         print(f"correct: {'yes' if right else 'no'} (the right answer: {gold[0]})")
@@ -115,7 +117,8 @@ def ask(
 async def _ask_local(question: str, images: list[bytes], model: str | None, mode: str, library: str,
                      tau: float, seed: int | None, max_turns: int) -> dict[str, Any]:
     from ssr_server.agent.loop import RunOptions
-    from ssr_server.api.images import ImageLimits, decode_image_bytes
+    from ssr_server.core.images.intake import decode_image_bytes
+    from ssr_server.core.images.limits import ImageLimits
 
     agent = local_agent(make_settings(model=model))
     try:

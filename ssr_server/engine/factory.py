@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ssr_server.config import Settings
-from ssr_server.engine.base import Engine
+from ssr_server.core.config import Settings
+from ssr_server.core.protocol import Engine
 from ssr_server.engine.tiny import default_tiny_dir, ensure_tiny_model
 from ssr_server.models import RANDOM_MODEL, default_model_dir
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from ssr_server.core.summary import percentiles
 from ssr_server.loadtest.records import LoadResult, RequestRecord
-from ssr_server.summary import percentiles
 
 __all__ = ["GOOD_OUTCOMES", "format_table", "percentiles", "summarize", "timeline", "write_json", "write_png",
            "write_report"]

@@ -42,7 +42,7 @@ def demo_image_b64(entity_id: str) -> str:
     """The demo world's picture of ``entity_id`` as base64 PNG (encoded once per process)."""
     hit = _IMAGE_CACHE.get(entity_id)
     if hit is None:
-        from ssr_server.world import demo_picture
+        from ssr_server.tools.demo import demo_picture
 
         buf = io.BytesIO()
         demo_picture(entity_id).save(buf, format="PNG")
@@ -51,14 +51,10 @@ def demo_image_b64(entity_id: str) -> str:
 
 
 def _demo_questions() -> list[tuple[str, str]]:
-    """(question, entity id) of the demo world's questions about a picture (built once, ~1 s)."""
-    import tempfile
+    """(question, entity id) of the shipped demo world's questions about a picture."""
+    from ssr_server.tools.demo import shipped_demo_world
 
-    from ssr_server.world import demo_questions, demo_world
-
-    with tempfile.TemporaryDirectory(prefix="ssr-loadtest-") as tmp:
-        questions = demo_questions(demo_world(tmp))
-    return [(q.question, q.entity_id) for q in questions if q.kind != "named"]
+    return [(q.question, q.entity_id) for q in shipped_demo_world().questions() if q.kind != "named"]
 
 
 class Workload:

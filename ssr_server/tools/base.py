@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ssr_server.engine.base import ImageRef
+from ssr_server.core.actions import ToolCall
+from ssr_server.core.protocol import ImageRef
 
 
 @dataclass(frozen=True)
@@ -35,17 +36,6 @@ class Observation:
     images: tuple[ImageRef, ...] = ()
     error: str | None = None
     data: dict[str, object] = field(default_factory=dict)  # structured details for traces and the API
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A parsed action: the tool name and its arguments."""
-
-    tool: str  # "image_search" | "text_search" | "zoom"
-    query: str = ""
-    box: tuple[int, int, int, int] | None = None  # 0-1000 relative coordinates
-    image_index: int = 0  # which image of the registry the call refers to (0-based)
-    label: str = ""  # what the zoom box holds (for the trace)
 
 
 @dataclass(frozen=True)

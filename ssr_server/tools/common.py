@@ -6,8 +6,8 @@ from typing import Protocol, runtime_checkable
 
 import httpx
 
-from ssr_server.engine.base import ImageRef
-from ssr_server.errors import ToolError
+from ssr_server.core.errors import ToolError
+from ssr_server.core.protocol import ImageRef
 from ssr_server.tools.base import ToolContext
 
 

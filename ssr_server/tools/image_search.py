@@ -39,9 +39,10 @@ import imagehash
 import numpy as np
 from PIL import Image
 
-from ssr_server.engine.base import ImageRef
-from ssr_server.errors import ToolError
-from ssr_server.tools.base import Observation, SearchHit, ToolCall, ToolContext
+from ssr_server.core.actions import ToolCall
+from ssr_server.core.errors import ToolError
+from ssr_server.core.protocol import ImageRef
+from ssr_server.tools.base import Observation, SearchHit, ToolContext
 from ssr_server.tools.common import BackendTool, check_status, clip, http_error, pick_image
 
 
@@ -243,8 +244,9 @@ async def _decode_thumbnail(value: object) -> ImageRef | None:
     """A result's base64 thumbnail through the request intake's checks; a bad one is dropped."""
     if not isinstance(value, str) or not value:
         return None
-    from ssr_server.api.images import ImageLimits, decode_base64, decode_image_bytes
-    from ssr_server.errors import InvalidRequest
+    from ssr_server.core.errors import InvalidRequest
+    from ssr_server.core.images.intake import decode_base64, decode_image_bytes
+    from ssr_server.core.images.limits import ImageLimits
 
     limits = ImageLimits(max_bytes=2 * 1024 * 1024, max_pixels=4_000_000)
     try:

@@ -14,10 +14,12 @@ import os
 import time
 from collections.abc import Iterable
 
-from ssr_server import metrics
-from ssr_server.errors import ToolError
-from ssr_server.tools.base import Observation, Tool, ToolCall, ToolContext
+from ssr_server.core import metrics
+from ssr_server.core.actions import ToolCall
+from ssr_server.core.errors import ToolError
+from ssr_server.tools.base import Observation, Tool, ToolContext
 from ssr_server.tools.common import SupportsAclose
+from ssr_server.tools.demo import shipped_demo_world
 from ssr_server.tools.image_search import (
     HTTPImageSearchBackend,
     ImageSearchBackend,
@@ -107,17 +109,9 @@ class ToolRegistry:
                     log.exception("closing tool %s failed", tool.name)
 
 
-def demo_registry(
-    assets_dir: str | os.PathLike[str], *, default_timeout_s: float = DEFAULT_TIMEOUT_S
-) -> ToolRegistry:
-    """Zoom, BM25 text search and image search over the demo preset of the benchmark world.
-
-    Builds the preset into ``assets_dir`` first when it is missing or stale (about a second; reused as
-    is otherwise).
-    """
-    from ssr_server.world import demo_world
-
-    world = demo_world(assets_dir)
+def demo_registry(*, default_timeout_s: float = DEFAULT_TIMEOUT_S) -> ToolRegistry:
+    """Zoom, BM25 text search and image search over the demo world shipped in the package."""
+    world = shipped_demo_world()
     return build_registry(corpus_path=world.corpus_path, image_index_dir=world.image_dir,
                           default_timeout_s=default_timeout_s)
 

@@ -20,8 +20,9 @@ from typing import Any, Protocol
 import bm25s
 import httpx
 
-from ssr_server.errors import ToolError
-from ssr_server.tools.base import Observation, SearchHit, ToolCall, ToolContext
+from ssr_server.core.actions import ToolCall
+from ssr_server.core.errors import ToolError
+from ssr_server.tools.base import Observation, SearchHit, ToolContext
 from ssr_server.tools.common import BackendTool, check_status, clip, http_error
 
 MAX_QUERY_CHARS = 500

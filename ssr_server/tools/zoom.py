@@ -8,38 +8,14 @@ appends to the context; the observation text tells the model which number it got
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Sequence
-from typing import Any
 
 from PIL import Image
 
-from ssr_server.engine.base import ImageRef
-from ssr_server.errors import ToolError
-from ssr_server.limits import BOX_SCALE
-from ssr_server.tools.base import Observation, ToolCall, ToolContext
+from ssr_server.core.actions import ToolCall, validate_box
+from ssr_server.core.limits import BOX_SCALE
+from ssr_server.core.protocol import ImageRef
+from ssr_server.tools.base import Observation, ToolContext
 from ssr_server.tools.common import pick_image
-
-
-def validate_box(box: Sequence[float] | Any, min_side: int = 20) -> tuple[int, int, int, int]:
-    """Check a 0-1000 box and return it as ints; errors are phrased for the model to fix its call.
-
-    ``min_side`` (in 0-1000 units) refuses slivers: a 2% wide crop of a small image upscales to mush.
-    """
-    if not isinstance(box, list | tuple):
-        raise ToolError("zoom needs a box [x1, y1, x2, y2] in 0-1000 coordinates")
-    if len(box) != 4:
-        raise ToolError(f"a box has 4 numbers [x1, y1, x2, y2], got {len(box)}")
-    if any(isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) for v in box):
-        raise ToolError("box coordinates must be four finite numbers")
-    x1, y1, x2, y2 = (round(v) for v in box)
-    if min(x1, y1, x2, y2) < 0 or max(x1, y1, x2, y2) > BOX_SCALE:
-        raise ToolError(f"box [{x1}, {y1}, {x2}, {y2}] is outside the 0-{BOX_SCALE} range")
-    if x1 >= x2 or y1 >= y2:
-        raise ToolError(f"box [{x1}, {y1}, {x2}, {y2}] is empty: it needs x1 < x2 and y1 < y2")
-    if x2 - x1 < min_side or y2 - y1 < min_side:
-        raise ToolError(f"box [{x1}, {y1}, {x2}, {y2}] is too small: each side must be at least {min_side}")
-    return x1, y1, x2, y2
 
 
 def pixel_box(box: tuple[int, int, int, int], width: int, height: int) -> tuple[int, int, int, int]:

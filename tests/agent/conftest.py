@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from ssr_server.agent.loop import Agent
-from ssr_server.engine.base import ImageRef
-from ssr_server.library import LibraryRegistry
-from ssr_server.world import demo_entities, demo_picture
+from ssr_server.core.library import LibraryRegistry
+from ssr_server.core.protocol import ImageRef
+from ssr_server.tools.demo import demo_picture, shipped_demo_world
 
 
 @pytest.fixture(scope="session")
@@ -19,12 +19,12 @@ def tokenizer(torch_engine: Any) -> Any:
 
 @pytest.fixture(scope="session")
 def demo_image() -> ImageRef:
-    return ImageRef.from_pil(demo_picture(demo_entities()[0].id))
+    return ImageRef.from_pil(demo_picture(shipped_demo_world().entity_ids()[0]))
 
 
 @pytest.fixture(scope="session")
 def second_image() -> ImageRef:
-    return ImageRef.from_pil(demo_picture(demo_entities()[1].id))
+    return ImageRef.from_pil(demo_picture(shipped_demo_world().entity_ids()[1]))
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,10 @@ from PIL import Image
 
 from ssr_server.agent.chat import ChatRenderer, Message, ToolCallRecord
 from ssr_server.agent.observe import observation_text
-from ssr_server.engine.base import Context, ImageRef
+from ssr_server.core.formats.format import get_format
+from ssr_server.core.library import Library, LibraryRegistry
+from ssr_server.core.protocol import Context, ImageRef
 from ssr_server.engine.tiny import build_tokenizer
-from ssr_server.formats.format import get_format
-from ssr_server.library import Library, LibraryRegistry
 from ssr_server.tools.base import Observation, SearchHit
 
 # Everything after the system prompt of a two-turn trajectory: image search with two thumbnails, a zoom

@@ -19,9 +19,9 @@ from ssr_server.agent.completion import (
     ToolChoice,
 )
 from ssr_server.agent.loop import Agent
-from ssr_server.engine.base import ImageRef
-from ssr_server.errors import InvalidRequest
-from ssr_server.library import Library
+from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.library import Library
+from ssr_server.core.protocol import ImageRef
 
 
 def ours(agent: Agent) -> list[ClientTool]:

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ssr_server.agent.escape import Escaper, added_tokens
+from ssr_server.core.formats.format import get_format
 from ssr_server.engine.tiny import build_tokenizer
-from ssr_server.formats.format import get_format
 
 
 @pytest.fixture(scope="module")

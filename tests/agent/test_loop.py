@@ -20,13 +20,13 @@ import jsonschema
 import numpy as np
 import pytest
 
-from ssr_server import metrics
-from ssr_server.agent.actions import ACTIONS, ALL_ACTIONS, allowed_actions
 from ssr_server.agent.loop import Agent, RunOptions
 from ssr_server.agent.trace import Run, Turn
-from ssr_server.engine.base import Context, ImageRef
-from ssr_server.errors import InvalidRequest, UnknownLibrary
-from ssr_server.library import Library, LibraryRegistry
+from ssr_server.core import metrics
+from ssr_server.core.actions import ACTIONS, ALL_ACTIONS, allowed_actions
+from ssr_server.core.errors import InvalidRequest, UnknownLibrary
+from ssr_server.core.library import Library, LibraryRegistry
+from ssr_server.core.protocol import Context, ImageRef
 
 OUTCOMES = {"answered", "max_turns", "error", "cancelled", "timeout", "context_limit"}
 

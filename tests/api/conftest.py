@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ssr_server.world import demo_entities, demo_picture
+from ssr_server.tools.demo import demo_picture, shipped_demo_world
 
 ServerFactory = Callable[..., AbstractContextManager[str]]
 
@@ -38,7 +38,7 @@ def serve(request: pytest.FixtureRequest, torch_engine: Any, demo_tools: Any) ->
 
 
 def image_bytes(fmt: str = "PNG", size: tuple[int, int] | None = None, entity: int = 0) -> bytes:
-    img = demo_picture(demo_entities()[entity].id)
+    img = demo_picture(shipped_demo_world().entity_ids()[entity])
     if size is not None:
         img = img.resize(size)
     buf = io.BytesIO()

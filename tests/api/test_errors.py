@@ -13,7 +13,7 @@ import httpx
 import pytest
 from PIL import Image
 
-from ssr_server.config import Settings
+from ssr_server.core.config import Settings
 
 ErrorShape = Callable[..., dict[str, Any]]
 RUNS = "/v1/agent/runs"

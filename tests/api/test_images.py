@@ -1,4 +1,4 @@
-"""Image intake (``ssr_server.api.images``): base64 and data URLs, format and pixel limits, bombs,
+"""Image intake (``ssr_server.core.images.intake``): base64 and data URLs, format and pixel limits, bombs,
 and SSRF-safe URL fetching against a real local HTTP server (127.0.0.1 only).
 
 Addresses that must be refused are refused at check time: the tests hand the fetcher an HTTP client
@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageFile
 
-from ssr_server.api.images import (
+from ssr_server.core.errors import InvalidImage, InvalidRequest, PayloadTooLarge
+from ssr_server.core.images.intake import (
     ALLOWED_FORMATS,
     ImageLimits,
     decode_base64,
@@ -38,16 +39,15 @@ from ssr_server.api.images import (
     fetch_url,
     load_image,
 )
-from ssr_server.engine.base import ImageRef
-from ssr_server.errors import InvalidImage, InvalidRequest, PayloadTooLarge
-from ssr_server.world import demo_entities, demo_picture
+from ssr_server.core.protocol import ImageRef
+from ssr_server.tools.demo import demo_picture, shipped_demo_world
 
 PRIVATE = ImageLimits(allow_private=True, timeout_s=5.0)
 PUBLIC_ONLY = ImageLimits(allow_private=False, timeout_s=5.0)
 
 
 def png_bytes(size: tuple[int, int] | None = None) -> bytes:
-    img = demo_picture(demo_entities()[0].id)
+    img = demo_picture(shipped_demo_world().entity_ids()[0])
     if size is not None:
         img = img.resize(size)
     buf = io.BytesIO()
@@ -108,7 +108,7 @@ async def test_other_schemes_are_refused(scheme: str) -> None:
 @pytest.mark.parametrize("fmt", sorted(ALLOWED_FORMATS))
 def test_allowed_formats_decode(fmt: str) -> None:
     buf = io.BytesIO()
-    demo_picture(demo_entities()[0].id).save(buf, format=fmt)
+    demo_picture(shipped_demo_world().entity_ids()[0]).save(buf, format=fmt)
     ref = decode_image_bytes(buf.getvalue(), ImageLimits())
     assert ref.image.mode == "RGB" and ref.image.size == (224, 160)
 
@@ -116,7 +116,7 @@ def test_allowed_formats_decode(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["TIFF", "ICO", "PPM", "PCX", "TGA"])
 def test_other_formats_are_refused(fmt: str) -> None:
     buf = io.BytesIO()
-    demo_picture(demo_entities()[0].id).resize((64, 64)).save(buf, format=fmt)
+    demo_picture(shipped_demo_world().entity_ids()[0]).resize((64, 64)).save(buf, format=fmt)
     with pytest.raises(InvalidImage, match="format"):
         decode_image_bytes(buf.getvalue(), ImageLimits())
 
@@ -637,7 +637,7 @@ async def test_decoding_is_bounded_by_the_decode_slots() -> None:
 
     limits = ImageLimits(decode_slots=asyncio.Semaphore(2))
     spec = base64.b64encode(PNG).decode()
-    with mock.patch("ssr_server.api.images.decode_image_bytes", watched):
+    with mock.patch("ssr_server.core.images.intake.decode_image_bytes", watched):
         refs = await asyncio.wait_for(asyncio.gather(*(load_image(spec, limits) for _ in range(8))), 60)
     assert len(refs) == 8 and all(r.image.size == (224, 160) for r in refs)
     assert state["peak"] <= 2, f"{state['peak']} decodes ran at once with two slots"
@@ -656,7 +656,7 @@ async def test_a_cancelled_caller_keeps_its_slot_until_the_decode_ends() -> None
 
     slots = asyncio.Semaphore(1)
     limits = ImageLimits(decode_slots=slots)
-    with mock.patch("ssr_server.api.images.decode_image_bytes", slow):
+    with mock.patch("ssr_server.core.images.intake.decode_image_bytes", slow):
         task = asyncio.create_task(load_image(base64.b64encode(PNG).decode(), limits))
         assert await asyncio.to_thread(started.wait, 10)
         task.cancel()
@@ -670,7 +670,7 @@ async def test_a_cancelled_caller_keeps_its_slot_until_the_decode_ends() -> None
 
 @pytest.mark.parametrize("fmt", ["PNG", "JPEG", "WEBP"])
 def test_large_images_are_kept_downscaled(fmt: str) -> None:
-    img = demo_picture(demo_entities()[0].id).resize((2400, 1600))
+    img = demo_picture(shipped_demo_world().entity_ids()[0]).resize((2400, 1600))
     buf = io.BytesIO()
     img.save(buf, format=fmt)
     keep = 600_000

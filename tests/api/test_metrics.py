@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ssr_server.metrics import HISTOGRAM_NAMES
+from ssr_server.core.metrics import HISTOGRAM_NAMES
 
 Scrape = Callable[[httpx.Client], dict[str, float]]
 

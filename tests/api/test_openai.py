@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from ssr_server.formats.format import get_format
+from ssr_server.core.formats.format import get_format
 
 FORMAT = get_format()
 OUR_TOOLS: list[dict[str, Any]] = [json.loads(json.dumps(t)) for t in FORMAT.tools]

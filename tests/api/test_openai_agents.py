@@ -2,7 +2,7 @@
 the server, unchanged but for ``base_url``: its tools wrap the demo world's search backends, the server
 selects the reasoning and decodes the calls, and the loop goes from the tool calls to a final answer.
 (Whether that answer is right is the model's business: the shipped model's success is measured by
-``ssr-server eval``, not here.)"""
+``ssr-lab eval``, not here.)"""
 
 from __future__ import annotations
 
@@ -10,39 +10,38 @@ import asyncio
 import base64
 import io
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ssr_server.agent.escape import Escaper
 from ssr_server.agent.observe import observation_text
-from ssr_server.config import Settings
-from ssr_server.engine.base import ImageRef
-from ssr_server.formats.format import get_format
-from ssr_server.tools.base import ToolCall, ToolContext
+from ssr_server.core.actions import ToolCall
+from ssr_server.core.config import Settings
+from ssr_server.core.formats.format import get_format
+from ssr_server.core.protocol import ImageRef
+from ssr_server.tools.base import ToolContext
+from ssr_server.tools.demo import shipped_demo_world, showcase_question
 from ssr_server.tools.registry import ToolRegistry, demo_registry
-from ssr_server.world import demo_questions, demo_world, showcase_question
 
 
 @pytest.fixture(scope="module")
-def trained_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, ToolRegistry, Path]]:
+def trained_server() -> Iterator[tuple[str, ToolRegistry]]:
     """The shipped default model (what ``serve`` loads without ``--model``) behind a real server."""
     from ssr_server.bench.serve import live_server
     from ssr_server.engine.factory import resolve_model
     from ssr_server.engine.torch.engine import TorchEngine
 
-    world = tmp_path_factory.mktemp("agents") / "demo-world"
-    tools = demo_registry(world)
+    tools = demo_registry()
     engine = TorchEngine(resolve_model(Settings()))
     try:
         with live_server(Settings(), engine, tools) as url:
-            yield url, tools, world
+            yield url, tools
     finally:
         asyncio.run(engine.close())
 
 
-Served = tuple[str, ToolRegistry, Path]
+Served = tuple[str, ToolRegistry]
 
 
 def test_openai_agents_sdk_tool_loop_reaches_the_answer(trained_server: Served) -> None:
@@ -56,10 +55,10 @@ def test_openai_agents_sdk_tool_loop_reaches_the_answer(trained_server: Served) 
     )
     from openai import AsyncOpenAI
 
-    url, registry, world_dir = trained_server
+    url, registry = trained_server
     set_tracing_disabled(True)  # the SDK would otherwise export traces to OpenAI
-    world = demo_world(world_dir)
-    question = showcase_question(demo_questions(world))
+    world = shipped_demo_world()
+    question = showcase_question(world.questions())
     picture = world.question_image(question)
     fmt = get_format()
     escape = Escaper((), fmt.escapes)  # the server escapes the tool message again, with its tokens

@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 from ssr_server.agent.chat import ChatRenderer, Message
-from ssr_server.engine.base import ImageRef
-from ssr_server.formats.format import get_format
-from ssr_server.library import LibraryRegistry
-from ssr_server.selection import select
+from ssr_server.core.formats.format import get_format
+from ssr_server.core.library import LibraryRegistry
+from ssr_server.core.protocol import ImageRef
+from ssr_server.core.selection import select
 
 SELECT_FIELDS = {"index", "candidate_id", "text", "action", "scores", "q", "logprob_sums", "token_counts",
                  "context_tokens", "latency_s"}

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ssr_server.cli import app
-from ssr_server.world import demo_entities, demo_picture
+from ssr_server.tools.demo import demo_picture, shipped_demo_world
 
 runner = CliRunner()
 
@@ -25,8 +25,8 @@ def flat(output: str) -> str:
 def examples(tmp_path: Path) -> Path:
     folder = tmp_path / "inputs"
     (folder / "img").mkdir(parents=True)
-    for i, e in enumerate(demo_entities()[:2]):
-        demo_picture(e.id).save(folder / "img" / f"{i}.png")
+    for i, entity_id in enumerate(shipped_demo_world().entity_ids()[:2]):
+        demo_picture(entity_id).save(folder / "img" / f"{i}.png")
     rows = [{"id": "a", "image": "img/0.png", "question": "What is this landmark?"},
             {"image": "img/1.png", "question": "How tall is it?"}]
     (folder / "rows.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")

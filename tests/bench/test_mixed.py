@@ -39,7 +39,7 @@ def test_mixed_bench_measures_both_variants(engine: TorchEngine) -> None:
 
 
 def test_forward_tap_finds_the_decoding_run(engine: TorchEngine) -> None:
-    from ssr_server.engine.base import Context, GenerationParams
+    from ssr_server.core.protocol import Context, GenerationParams
 
     ctx = Context(tuple(engine.tokenizer.encode("Describe the tower.", add_special_tokens=False)))
 

@@ -27,8 +27,8 @@ from prometheus_client import Counter, Gauge, Histogram, Summary, generate_lates
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
-from ssr_server import metrics
 from ssr_server.api.shutdown import EXIT_MARGIN_S
+from ssr_server.core import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -126,7 +126,7 @@ def exposition() -> dict[str, set[str]]:
                 obj.labels(*values).set(1)
             else:
                 raise AssertionError(f"no sample recipe for {type(obj).__name__} {obj}")
-        assert made, "no labelled metric found in ssr_server.metrics"
+        assert made, "no labelled metric found in ssr_server.core.metrics"
         text = generate_latest(metrics.REGISTRY).decode()
     finally:
         for obj, values in made:
@@ -271,7 +271,7 @@ def check_names(exprs: list[str], exposition: dict[str, set[str]], where: str) -
                 available |= rec_labels[name]
             else:
                 assert name in exposition, (
-                    f"{where}: {name} (metric {base_name(name)}) is not exported by ssr_server.metrics"
+                    f"{where}: {name} (metric {base_name(name)}) is not exported by ssr_server.core.metrics"
                 )
                 available |= exposition[name]
             used.add(name)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ssr_server.engine.base import Context, ImageRef
+from ssr_server.core.protocol import Context, ImageRef
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import LoadedModel, load_model
 from ssr_server.engine.torch.prefix_cache import PrefixCache

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ssr_server.config import Settings
+from ssr_server.core.config import Settings
+from ssr_server.core.errors import EngineError
 from ssr_server.engine.torch import segments
 from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import LoadedModel
-from ssr_server.errors import EngineError
 
 
 def test_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:

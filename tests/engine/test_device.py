@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from ssr_server.engine.base import CandidateScore, Context, Generation, GenerationParams, Grammar
+from ssr_server.core.protocol import CandidateScore, Context, Generation, GenerationParams, Grammar
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.jobs import GenerateJob, Job, ScoreJob
 from ssr_server.engine.torch.loader import LoadedModel

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from ssr_server.engine.base import Context, Generation, GenerationParams, ImageRef
+from ssr_server.core.protocol import Context, Generation, GenerationParams, ImageRef
 from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import LoadedModel
@@ -199,7 +199,7 @@ async def test_eos_token_ends_and_is_not_in_text(lm: LoadedModel, tok: Any, cont
 
 
 async def test_invalid_generation_params(engine: TorchEngine, contexts: dict[str, Context]) -> None:
-    from ssr_server.errors import InvalidRequest
+    from ssr_server.core.errors import InvalidRequest
 
     with pytest.raises(InvalidRequest):
         await engine.generate(contexts["text"], greedy(0))
@@ -279,7 +279,7 @@ async def test_cancelling_a_generation_stops_it(lm: LoadedModel, contexts: dict[
 
 
 async def test_closed_engine_refuses_work(lm: LoadedModel, contexts: dict[str, Context]) -> None:
-    from ssr_server.errors import EngineError
+    from ssr_server.core.errors import EngineError
 
     engine = TorchEngine(lm)
     assert await engine.ready()

@@ -12,10 +12,10 @@ from typing import Any
 import jsonschema
 import pytest
 
-from ssr_server.engine.base import Context, Generation, GenerationParams, Grammar
+from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.protocol import Context, Generation, GenerationParams, Grammar
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import LoadedModel
-from ssr_server.errors import InvalidRequest
 
 # The agent's text-search call: the string is narrowed so that what the grammar admits is exactly what
 # a strict json.loads accepts (no control characters) and no tag can open inside it.

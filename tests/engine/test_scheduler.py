@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import torch
 
-from ssr_server.engine.base import CandidateScore, Context, Generation, GenerationParams, ImageRef
+from ssr_server.core.errors import ContextTooLong, EngineError, InvalidRequest
+from ssr_server.core.protocol import CandidateScore, Context, Generation, GenerationParams, ImageRef
 from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.jobs import GenerateJob, Job, ScoreJob
 from ssr_server.engine.torch.loader import LoadedModel
 from ssr_server.engine.torch.multimodal import ImageCache, expand
 from ssr_server.engine.torch.runner import Chunk
-from ssr_server.errors import ContextTooLong, EngineError, InvalidRequest
 
 TOL = 1e-4
 

@@ -16,14 +16,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ssr_server.engine.base import CandidateScore, Context, ImageRef
+from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.protocol import CandidateScore, Context, ImageRef
 from ssr_server.engine.torch.cpu_bf16 import install_fp32_matmul
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import LoadedModel
 from ssr_server.engine.torch.prefix_cache import PrefixCache
 from ssr_server.engine.torch.runner import ModelRunner
 from ssr_server.engine.torch.scoring import token_logprobs
-from ssr_server.errors import InvalidRequest
 
 TOL = 1e-4
 

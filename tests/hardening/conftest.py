@@ -24,7 +24,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ssr_server.config import Settings
+from ssr_server.core.config import Settings
 
 
 def _free_port() -> int:
@@ -80,10 +80,10 @@ def serve(torch_engine: Any, demo_tools: Any) -> Callable[..., contextlib.Abstra
 
 @pytest.fixture(scope="session")
 def demo_image_b64() -> str:
-    from ssr_server.world import demo_entities, demo_picture
+    from ssr_server.tools.demo import demo_picture, shipped_demo_world
 
     buf = io.BytesIO()
-    demo_picture(demo_entities()[0].id).save(buf, "PNG")
+    demo_picture(shipped_demo_world().entity_ids()[0]).save(buf, "PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ssr_server.config import Settings
+from ssr_server.core.config import Settings
 
 OUTCOMES = {"answered", "max_turns", "error", "timeout"}
 RUNNING, QUEUED = 2, 2

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ssr_server.config import Settings
+from ssr_server.core.config import Settings
 
 KEY = "s3cret"
 GOOD = {"Authorization": f"Bearer {KEY}"}

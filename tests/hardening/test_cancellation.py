@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ssr_server.config import Settings
+from ssr_server.core.config import Settings
 
 # A run longer than these tests wait before hanging up: a first turn of 2048 reasoning tokens (~1.5 s here);
 # the server's deadline bounds the damage if cancellation ever fails.

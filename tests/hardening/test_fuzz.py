@@ -17,7 +17,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from ssr_server.config import Settings
+from ssr_server.core.config import Settings
 
 
 @pytest.fixture(scope="module")

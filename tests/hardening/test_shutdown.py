@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from ssr_server.api.admission import Admission
-from ssr_server.config import Settings
-from ssr_server.errors import InvalidImage, Overloaded, ShuttingDown
+from ssr_server.core.config import Settings
+from ssr_server.core.errors import InvalidImage, Overloaded, ShuttingDown
 
 SELECT = {"messages": [{"role": "user", "content": "What is this?"}]}
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from ssr_server.bench.serve import live_server
-from ssr_server.config import Settings
+from ssr_server.core.config import Settings
 from ssr_server.loadtest import (
     LoadResult,
     RemoteTargetError,

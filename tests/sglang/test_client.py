@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 
 from ssr_server.agent.chat import ChatRenderer
-from ssr_server.engine.base import Context, GenerationParams, ImageRef
+from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.formats.format import get_format
+from ssr_server.core.library import LibraryRegistry
+from ssr_server.core.protocol import Context, GenerationParams, ImageRef
 from ssr_server.engine.sglang.client import SGLangEngine
 from ssr_server.engine.torch.engine import TorchEngine
-from ssr_server.errors import InvalidRequest
-from ssr_server.formats.format import get_format
-from ssr_server.library import LibraryRegistry
-from ssr_server.world import demo_entities, demo_picture
+from ssr_server.tools.demo import demo_picture, shipped_demo_world
 
 pytestmark = pytest.mark.sglang
 CANDIDATES = ["I cannot tell what this is, so I search with the image.\n", "Zoom in.\n", "x\n"]
@@ -32,7 +32,7 @@ def embedded(tiny_model_dir: Path) -> Iterator[TorchEngine]:
 
 def _contexts(tok: Any) -> list[Context]:
     chat = ChatRenderer(tok, get_format())
-    img = ImageRef.from_pil(demo_picture(demo_entities()[1].id))
+    img = ImageRef.from_pil(demo_picture(shipped_demo_world().entity_ids()[1]))
     lib = LibraryRegistry().get("default")
     return [chat.start("What is this?", [], lib), chat.start("What is this landmark?", [img], lib)]
 
@@ -187,8 +187,8 @@ async def test_grammar_constrained_calls_validate_on_sglang(sglang_url: str, tin
 
     import jsonschema
 
-    from ssr_server.agent.actions import ACTIONS
-    from ssr_server.engine.base import Grammar
+    from ssr_server.core.actions import ACTIONS
+    from ssr_server.core.protocol import Grammar
 
     client = SGLangEngine(sglang_url, model=str(tiny_model_dir))
     try:
@@ -220,16 +220,15 @@ async def test_grammar_constrained_calls_validate_on_sglang(sglang_url: str, tin
 
 
 async def test_sglang_runs_the_same_trajectory_as_the_embedded_engine(sglang_url: str, tiny_model_dir: Path,
-                                                                      embedded: TorchEngine,
-                                                                      tmp_path: Path) -> None:
+                                                                      embedded: TorchEngine) -> None:
     """A greedy agent run (tau 0, greedy actions) through SGLang equals the same run in process:
     same rationales, same actions, same observations, the same final context token for token."""
     from ssr_server.agent.loop import Agent, RunOptions
     from ssr_server.tools.registry import demo_registry
 
-    tools = demo_registry(tmp_path / "world")
+    tools = demo_registry()
     client = SGLangEngine(sglang_url, model=str(tiny_model_dir))
-    image = ImageRef.from_pil(demo_picture(demo_entities()[0].id))
+    image = ImageRef.from_pil(demo_picture(shipped_demo_world().entity_ids()[0]))
     try:
         for library in ("default", "binary-2"):
             options = RunOptions(library=library, tau=0.0, max_turns=3)

@@ -11,14 +11,14 @@ from typing import Any
 import httpx
 import pytest
 
-from ssr_server.world import demo_entities, demo_picture
+from ssr_server.tools.demo import demo_picture, shipped_demo_world
 
 pytestmark = pytest.mark.sglang
 
 
 def _image_b64() -> str:
     buf = io.BytesIO()
-    demo_picture(demo_entities()[0].id).save(buf, format="PNG")
+    demo_picture(shipped_demo_world().entity_ids()[0]).save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
 
 

@@ -24,24 +24,24 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from PIL import Image
 
+from ssr_server.tools.demo import DemoWorld, shipped_demo_world
 from ssr_server.tools.image_search import LocalImageIndex
 from ssr_server.tools.text_search import tokenize
-from ssr_server.world import DemoWorld, demo_documents, demo_world
 
 SLOW_S = 1.5
 
 
 @pytest.fixture(scope="session")
-def demo_assets(tmp_path_factory: pytest.TempPathFactory) -> DemoWorld:
-    """The demo preset of the benchmark world, on disk."""
-    return demo_world(tmp_path_factory.mktemp("demo"))
+def demo_assets() -> DemoWorld:
+    """The demo world the server ships."""
+    return shipped_demo_world()
 
 
 def _searx_results(query: str) -> list[dict[str, object]]:
     """Rank demo documents by shared words, shaped like SearxNG's ``results`` entries."""
     q = set(tokenize(query))
     scored = []
-    for doc in demo_documents():
+    for doc in shipped_demo_world().documents():
         overlap = len(q & set(tokenize(f"{doc['title']} {doc['text']}")))
         if overlap:
             scored.append((overlap, doc))

@@ -8,13 +8,17 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
-from ssr_server.engine.base import ImageRef
-from ssr_server.errors import ToolError
-from ssr_server.tools.base import ToolCall, ToolContext
+from ssr_server.core.actions import ToolCall
+from ssr_server.core.errors import ToolError
+from ssr_server.core.protocol import ImageRef
+from ssr_server.tools.base import ToolContext
+from ssr_server.tools.demo import DemoWorld, demo_picture, shipped_demo_world
 from ssr_server.tools.image_search import HTTPImageSearchBackend, ImageHit, ImageSearchTool, LocalImageIndex
-from ssr_server.world import DemoWorld, demo_entities, demo_picture
 
-ALL_IDS = [e.id for e in demo_entities()]
+# (id, title, url) of every entity, from the index file the demo world ships
+ENTITIES = [(e["id"], e["title"], e["url"])
+            for e in json.loads(shipped_demo_world().image_index_path.read_text())["images"]]
+ALL_IDS = [eid for eid, _, _ in ENTITIES]
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +42,11 @@ def _ref(img: Image.Image) -> ImageRef:
 
 async def test_every_entity_finds_itself(index: LocalImageIndex) -> None:
     assert len(index) == len(ALL_IDS)
-    for e in demo_entities():
-        hits = await index.search(_ref(demo_picture(e.id)), 3)
-        assert hits[0].title == e.title, e.id
-        assert hits[0].score == 1.0 and hits[0].url == e.url
-        assert len(hits) == 1, (e.id, hits)  # no look-alike (e.g. another framed painting) passes the cut
+    for eid, title, url in ENTITIES:
+        hits = await index.search(_ref(demo_picture(eid)), 3)
+        assert hits[0].title == title, eid
+        assert hits[0].score == 1.0 and hits[0].url == url
+        assert len(hits) == 1, (eid, hits)  # no look-alike (e.g. another framed painting) passes the cut
 
 
 @pytest.mark.parametrize(
@@ -52,9 +56,9 @@ async def test_every_entity_finds_itself(index: LocalImageIndex) -> None:
 async def test_perturbed_copies_still_match(
     index: LocalImageIndex, size: tuple[int, int], quality: int, brightness: float
 ) -> None:
-    for e in demo_entities():
-        hits = await index.search(_ref(_jpeg(demo_picture(e.id), size, quality, brightness)), 1)
-        assert [h.title for h in hits] == [e.title], e.id
+    for eid, title, _ in ENTITIES:
+        hits = await index.search(_ref(_jpeg(demo_picture(eid), size, quality, brightness)), 1)
+        assert [h.title for h in hits] == [title], eid
         assert hits[0].score >= 1 - index.max_distance
 
 

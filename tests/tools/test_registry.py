@@ -1,19 +1,19 @@
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 import pytest
 
-from ssr_server import metrics
-from ssr_server.engine.base import ImageRef
-from ssr_server.errors import ToolError
-from ssr_server.tools.base import Observation, ToolCall, ToolContext
+from ssr_server.core import metrics
+from ssr_server.core.actions import ToolCall
+from ssr_server.core.errors import ToolError
+from ssr_server.core.protocol import ImageRef
+from ssr_server.tools.base import Observation, ToolContext
+from ssr_server.tools.demo import DemoWorld, demo_picture, shipped_demo_world, showcase_question
 from ssr_server.tools.image_search import HTTPImageSearchBackend, ImageSearchTool, LocalImageIndex
 from ssr_server.tools.registry import ToolRegistry, build_registry, demo_registry
 from ssr_server.tools.text_search import LocalBM25, SearxNGBackend, TextSearchTool
 from ssr_server.tools.zoom import ZoomTool
-from ssr_server.world import DemoWorld, demo_picture, demo_questions, demo_world
 
 EMPTY = ToolContext(images=())
 
@@ -139,22 +139,17 @@ async def test_http_failures_become_observations(live_server: str) -> None:
     assert not image.ok and "not JSON" in (image.error or "")
 
 
-async def test_demo_registry_answers_the_showcase_question(tmp_path: Path) -> None:
+async def test_demo_registry_answers_the_showcase_question() -> None:
     """The demo world's headline question, move by move through the registry the server uses."""
-    from PIL import Image
-
-    from ssr_server.world import showcase_question
-
-    reg = demo_registry(tmp_path / "assets")
+    reg = demo_registry()
     assert reg.names == ("zoom", "text_search", "image_search")
-    world = demo_world(tmp_path / "assets")
-    q = showcase_question(demo_questions(world))
-    with Image.open(world.root / q.image) as img:
-        ctx = ToolContext(images=(ImageRef.from_pil(img.convert("RGB")),))
+    world = shipped_demo_world()
+    q = showcase_question(world.questions())
+    ctx = ToolContext(images=(ImageRef.from_pil(world.question_image(q)),))
     identify, lookup, _ = q.moves
     seen = await reg.run(ToolCall("image_search"), ctx)
-    assert seen.ok and seen.hits[0].title == identify.expect_title == q.entity  # a view, not a copy
-    fact = await reg.run(ToolCall("text_search", query=lookup.query), ctx)
+    assert seen.ok and seen.hits[0].title == identify["expect_title"] == q.entity  # a view, not a copy
+    fact = await reg.run(ToolCall("text_search", query=lookup["query"]), ctx)
     assert fact.ok and any(q.answer in h.text for h in fact.hits)
     crop = await reg.run(ToolCall("zoom", box=(250, 0, 750, 1000)), ctx)
     assert crop.ok and len(crop.images) == 1 and crop.data["image"] == 1

@@ -1,14 +1,15 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import httpx
 import pytest
 
-from ssr_server.errors import ToolError
-from ssr_server.tools.base import ToolCall, ToolContext
+from ssr_server.core.actions import ToolCall
+from ssr_server.core.errors import ToolError
+from ssr_server.tools.base import ToolContext
 from ssr_server.tools.common import clip
+from ssr_server.tools.demo import DemoWorld
 from ssr_server.tools.text_search import (
     Hit,
     LocalBM25,
@@ -16,7 +17,6 @@ from ssr_server.tools.text_search import (
     TextSearchTool,
     tokenize,
 )
-from ssr_server.world import DemoWorld, demo_documents, demo_questions
 
 CTX = ToolContext(images=())
 
@@ -34,14 +34,14 @@ def test_tokenize_drops_stopwords_and_plural_s() -> None:
 async def test_bm25_finds_the_gold_document_of_every_demo_question(bm25: LocalBM25,
                                                                    demo_assets: DemoWorld) -> None:
     """Every gold text-search query of the demo world returns its document in the top 5, best first."""
-    moves = [m for q in demo_questions(demo_assets) for m in q.moves if m.action == "text_search"]
+    moves = [m for q in demo_assets.questions() for m in q.moves if m["action"] == "text_search"]
     assert len(moves) > 50
     first = 0
     for m in moves:
-        hits = await bm25.search(m.query, 5)
-        assert m.expect_url in [h.url for h in hits], m.query
+        hits = await bm25.search(m["query"], 5)
+        assert m["expect_url"] in [h.url for h in hits], m["query"]
         assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
-        first += hits[0].url == m.expect_url
+        first += hits[0].url == m["expect_url"]
     assert first / len(moves) > 0.9  # near-namesakes and look-alike facts make a few not first
 
 
@@ -144,10 +144,3 @@ async def test_searxng_timeout_and_unreachable(live_server: str, free_port_url: 
         await SearxNGBackend(f"{live_server}/slow", timeout_s=0.2).search("x", 3)
     with pytest.raises(ToolError, match="unreachable"):
         await SearxNGBackend(free_port_url).search("x", 3)
-
-
-def test_corpus_lines_match_documents(demo_assets: DemoWorld) -> None:
-    lines = demo_assets.corpus_path.read_text(encoding="utf-8").splitlines()
-    assert [json.loads(x) for x in lines] == demo_documents()
-    first = json.loads(lines[0])
-    assert first["id"] == "k-eiffel-tower#description"

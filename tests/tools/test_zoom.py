@@ -7,11 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from ssr_server.engine.base import ImageRef
-from ssr_server.errors import ToolError
-from ssr_server.tools.base import ToolCall, ToolContext
-from ssr_server.tools.zoom import ZoomTool, output_size, pixel_box, validate_box
-from ssr_server.world import demo_picture
+from ssr_server.core.actions import ToolCall, validate_box
+from ssr_server.core.errors import ToolError
+from ssr_server.core.protocol import ImageRef
+from ssr_server.tools.base import ToolContext
+from ssr_server.tools.demo import demo_picture
+from ssr_server.tools.zoom import ZoomTool, output_size, pixel_box
 
 
 def _ctx(*images: Image.Image) -> ToolContext:

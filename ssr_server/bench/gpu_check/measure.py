@@ -53,9 +53,9 @@ class Measurement:
 def _observation_text(turn: int, k: int = 5) -> tuple[str, str]:
     """A text_search query and its results as TextSearchTool shows them (numbered hits from the demo
     corpus; written out here so that the check does not need the search backend's dependencies)."""
-    from ssr_server.world import demo_documents
+    from ssr_server.tools.demo import shipped_demo_world
 
-    docs = demo_documents()
+    docs = shipped_demo_world().documents()
     hits = [docs[(turn * k + i) % len(docs)] for i in range(k)]
     query = f"{hits[0]['title']} height"
     lines = [f"\n[{i}] {h['title']}: {h['text']} ({h['url']})" for i, h in enumerate(hits, start=1)]
@@ -67,11 +67,11 @@ async def measure(engine: Any, *, turns: int = DEFAULT_TURNS, warmup: int = DEFA
                   log: Callable[[str], None] | None = None) -> Measurement:
     """Run ``warmup`` untimed and ``turns`` timed turns of SSR and freeform reasoning on ``engine``."""
     from ssr_server.agent.chat import ChatRenderer
-    from ssr_server.engine.base import Context, GenerationParams, ImageRef
-    from ssr_server.formats.format import get_format
-    from ssr_server.library import LibraryRegistry
-    from ssr_server.selection import select
-    from ssr_server.world import demo_picture
+    from ssr_server.core.formats.format import get_format
+    from ssr_server.core.library import LibraryRegistry
+    from ssr_server.core.protocol import Context, GenerationParams, ImageRef
+    from ssr_server.core.selection import select
+    from ssr_server.tools.demo import demo_picture
 
     fmt = get_format()
     chat = ChatRenderer(engine.tokenizer, fmt)

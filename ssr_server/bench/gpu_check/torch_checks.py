@@ -50,7 +50,7 @@ def hf_greedy(lm: Any, ctx: Any, n: int) -> list[int]:
 async def run_checks(engine: Any, ctx: Any, candidates: list[list[int]], dtype: str,
                      greedy_tokens: int = GREEDY_TOKENS) -> dict[str, Any]:
     """Both checks on ``engine`` (a ``TorchEngine``, idle) and ``ctx``."""
-    from ssr_server.engine.base import GenerationParams
+    from ssr_server.core.protocol import GenerationParams
 
     got = await engine.score(ctx, candidates)  # cached by the measurement: the packed pass alone
     want = await asyncio.to_thread(engine.runner.naive_score, ctx, candidates)

@@ -24,10 +24,10 @@ from typing import Any
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from ssr_server.engine.base import CandidateScore, Context, FinishReason, Generation, GenerationParams
+from ssr_server.core.errors import EngineError, EngineUnavailable, InvalidRequest
+from ssr_server.core.protocol import CandidateScore, Context, FinishReason, Generation, GenerationParams
 from ssr_server.engine.sglang.twostep import TwoStepError, score_two_step
 from ssr_server.engine.stop import find_stop
-from ssr_server.errors import EngineError, EngineUnavailable, InvalidRequest
 
 _RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
 

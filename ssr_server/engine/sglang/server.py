@@ -57,8 +57,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ssr_server.core.limits import MAX_CANDIDATES
 from ssr_server.engine.sglang.twostep import TwoStepError, score_two_step
-from ssr_server.limits import MAX_CANDIDATES
 
 ROUTE = "/ssr/score"
 

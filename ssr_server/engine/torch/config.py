@@ -10,10 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from ssr_server.errors import EngineError
+from ssr_server.core.errors import EngineError
 
 if TYPE_CHECKING:
-    from ssr_server.config import Settings
+    from ssr_server.core.config import Settings
 
 Bf16Matmul = Literal["auto", "native", "fp32"]
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 
-from ssr_server.engine.base import FinishReason, Generation
+from ssr_server.core.errors import EngineError
+from ssr_server.core.protocol import FinishReason, Generation
 from ssr_server.engine.stop import find_stop
 from ssr_server.engine.torch.jobs import Seq
-from ssr_server.errors import EngineError
 
 
 class Decoder:

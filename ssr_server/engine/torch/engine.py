@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from ssr_server.engine.base import CandidateScore, Context, Generation, GenerationParams, Grammar
+from ssr_server.core.errors import ContextTooLong, EngineError, EngineUnavailable, InvalidRequest
+from ssr_server.core.protocol import CandidateScore, Context, Generation, GenerationParams, Grammar
 from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.grammar import GrammarCache, GrammarState
 from ssr_server.engine.torch.jobs import GenerateJob, Job, ScoreJob
@@ -16,7 +17,6 @@ from ssr_server.engine.torch.loader import LoadedModel, load_model, resolve_dtyp
 from ssr_server.engine.torch.prefix_cache import PrefixCache
 from ssr_server.engine.torch.runner import ModelRunner
 from ssr_server.engine.torch.scheduler import Scheduler
-from ssr_server.errors import ContextTooLong, EngineError, EngineUnavailable, InvalidRequest
 
 
 class TorchEngine:

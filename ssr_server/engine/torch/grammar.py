@@ -5,8 +5,8 @@ the bitmask covers every logit) and keeps compiled grammars by ``(kind, source)`
 schema costs ~0.5 s with the real Qwen vocabulary (4 ms with the tiny one), so it happens once per
 grammar, off the worker thread (``TorchEngine.generate`` compiles in ``asyncio.to_thread`` before it
 submits the job). JSON schemas compile with ``any_whitespace=False``: a weak model sampled under the
-permissive form spent its whole budget on spaces and newlines (0 of 5 runs closed the object, see
-/work/shared/notes/constrained-decoding.md).
+permissive form spent its whole budget on spaces and newlines (0 of 5 runs closed the object; the
+embedded engine's page in docs/ tells the measurement).
 
 ``GrammarState`` is one generation's matcher and its next-token bitmask. The bitmask is refilled right
 after each accepted token, which both masks the next step's logits and says whether the text is
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from ssr_server.engine.base import Grammar
-from ssr_server.errors import InvalidRequest
+from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.protocol import Grammar
 
 MAX_COMPILED = 256  # distinct grammars kept (tool schemas: a handful per deployment)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssr_server.engine.base import CandidateScore, Context, Generation, GenerationParams
+from ssr_server.core.protocol import CandidateScore, Context, Generation, GenerationParams
 from ssr_server.engine.torch.grammar import GrammarState
 from ssr_server.engine.torch.kv import SeqKV
 from ssr_server.engine.torch.runner import Prepared

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
+from ssr_server.core.errors import EngineError
 from ssr_server.engine.torch import segments
 from ssr_server.engine.torch.config import EngineConfig
-from ssr_server.errors import EngineError
 
 log = logging.getLogger(__name__)
 

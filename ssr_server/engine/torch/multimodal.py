@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ssr_server.engine.base import Context, ImageRef
+from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.protocol import Context, ImageRef
 from ssr_server.engine.torch.loader import LoadedModel
-from ssr_server.errors import InvalidRequest
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,14 @@ from typing import Any
 
 import torch
 
-from ssr_server.engine.base import CandidateScore, Context
+from ssr_server.core.errors import ContextTooLong, EngineError, InvalidRequest
+from ssr_server.core.protocol import CandidateScore, Context
 from ssr_server.engine.torch import segments
 from ssr_server.engine.torch.kv import SeqKV
 from ssr_server.engine.torch.loader import LoadedModel
 from ssr_server.engine.torch.multimodal import Expanded, ImageCache, expand, images_in, positions, safe_cut
 from ssr_server.engine.torch.prefix_cache import CacheEntry, PrefixCache
 from ssr_server.engine.torch.scoring import candidate_positions, chunk_logprobs, score_chunks, score_results
-from ssr_server.errors import ContextTooLong, EngineError, InvalidRequest
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ssr_server.engine.base import GenerationParams
+from ssr_server.core.protocol import GenerationParams
 
 
 class Sampler:

@@ -27,6 +27,7 @@ from collections import deque
 
 import torch
 
+from ssr_server.core.errors import EngineError, SSRError
 from ssr_server.engine.torch.batch import Batch, Work
 from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.decode import Decoder
@@ -36,7 +37,6 @@ from ssr_server.engine.torch.prefill_queue import PrefillQueue
 from ssr_server.engine.torch.prefix_cache import CacheEntry
 from ssr_server.engine.torch.runner import Chunk, ChunkOut, ModelRunner
 from ssr_server.engine.torch.sampling import Sampler
-from ssr_server.errors import EngineError, SSRError
 
 log = logging.getLogger(__name__)
 

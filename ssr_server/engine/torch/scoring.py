@@ -14,10 +14,10 @@ from typing import Any
 
 import torch
 
-from ssr_server.engine.base import CandidateScore
+from ssr_server.core.errors import EngineError
+from ssr_server.core.protocol import CandidateScore
 from ssr_server.engine.torch.cpu_bf16 import fp32_rows
 from ssr_server.engine.torch.prefix_cache import CacheEntry, CandidateKV
-from ssr_server.errors import EngineError
 
 ScoreJobs = list[tuple[CacheEntry, list[list[int]]]]
 

@@ -1,0 +1,5 @@
+"""``python -m ssr_lab.cli``."""
+
+from ssr_lab.cli import main
+
+main()

@@ -1,0 +1,35 @@
+"""The OpenAI-compatible path operations: parse (FastAPI), admission, serving, answer. Their names are
+the OpenAPI operation ids; errors on these paths leave in OpenAI's shape (``api.errors``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from ssr_server.api.admission import acquire_or_disconnect
+from ssr_server.api.openai import serving
+from ssr_server.api.openai.protocol import ChatCompletionRequest
+from ssr_server.api.state import app_state
+from ssr_server.api.tasks import client_closed
+
+router = APIRouter(tags=["openai"])
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    return serving.models(app_state(request))
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    st = app_state(request)
+    prepared = serving.prepare(st, body)
+    # Admission before any image is fetched or decoded, so that a refused request costs no image work.
+    ticket = await acquire_or_disconnect(st.admission, request)
+    if ticket is None:  # the client left while queued
+        return client_closed()
+    return await serving.complete(st, prepared, ticket, request)
+
+
+__all__ = ["router"]

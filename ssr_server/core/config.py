@@ -1,0 +1,140 @@
+"""Settings: every knob in one place, read from the environment (prefix ``SSR_``) or a .env file.
+
+Every field carries a ``description``: the docs site's configuration page is generated from them
+(``docs/hooks/settings_table.py``), so a new setting needs one.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from ssr_server.core.limits import MAX_CANDIDATE_CHARS, MAX_CANDIDATES, MAX_TURNS
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SSR_", env_file=".env", extra="ignore")
+
+    # engine
+    engine: Literal["torch", "sglang"] = Field(
+        "torch", description="torch: the embedded engine, in process; sglang: an SGLang server or router "
+        "(SSR_SGLANG_URL)")
+    model: str | None = Field(None, description="local dir or hub id; unset = the shipped trained model; "
+                                "tiny-random = the random tiny Qwen3-VL")
+    dtype: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="embedded engine: the weights' dtype")
+    device: str = Field("cpu", description="embedded engine: the torch device (cpu, cuda, cuda:1, ...)")
+    torch_threads: int | None = Field(
+        None, description="embedded engine: torch intra-op threads; unset = torch's default (all cores). "
+        "On a machine shared with other CPU-heavy processes, 1 is often faster")
+    bf16_matmul: Literal["auto", "native", "fp32"] = Field(
+        "auto", description="bf16 on a CPU without bf16 arithmetic: auto routes bf16 matmuls of 8 rows or "
+        "more through the fp32 kernel (exact upcast, bf16 result); native never does; fp32 always does")
+    prefix_cache_mb: int = Field(
+        128, ge=1, description="embedded engine: the prefix KV cache's bound in MB (LRU), kept across "
+        "requests; raise it for real models")
+    # embedded engine scheduler (see engine/torch/config.py)
+    max_batched_tokens: int = Field(8192, ge=1, description="embedded engine: tokens per forward")
+    max_batched_seqs: int = Field(
+        256, ge=1, description="embedded engine: decode steps, score jobs and prefills per forward")
+    prefill_chunk_tokens: int = Field(
+        512, ge=1, description="embedded engine: longer prefills are chunked and paced")
+    max_decode_slowdown: float = Field(
+        1.5, ge=0, description="embedded engine: a paced prefill chunk may slow a forward this much "
+        "(x a forward without it); 0 = fixed chunks")
+    max_context: int | None = Field(
+        None, ge=2, description="longest context (images expanded, plus the candidates or the tokens to "
+        "decode); longer ones are refused with 400 context_too_long before any work; unset = the model's "
+        "max_position_embeddings")
+    sglang_url: str = Field(
+        "http://127.0.0.1:30000", description="the SGLang server or router (engine sglang)")
+    sglang_scoring: Literal["auto", "route", "generate"] = Field(
+        "auto", description="how candidates are scored on SGLang: route = our /ssr/score route "
+        "(ssr-server sglang-launch); generate = two standard /generate calls (behind SGLang's router); "
+        "auto = the route, falling back to generate on a 404")
+    sglang_timeout_s: float = Field(120.0, gt=0, description="timeout of one request to SGLang, in seconds")
+    cache_dir: str | None = Field(
+        None, description="where the random tiny model (tiny-random) is built on first use; unset = "
+        "$XDG_CACHE_HOME/ssr-server, or ~/.cache/ssr-server")
+
+    # http
+    host: str = Field("127.0.0.1", description="address ssr-server serve listens on")
+    port: int = Field(8000, ge=0, le=65535, description="port ssr-server serve listens on")
+    api_key: SecretStr | None = Field(
+        None, description="when set, every route but SSR_OPEN_PATHS needs Authorization: Bearer <key>")
+    open_paths: tuple[str, ...] = Field(
+        ("/health", "/ready", "/metrics"), description="routes that need no API key")
+
+    # agent and tools
+    library_dirs: tuple[str, ...] = Field(
+        (), description="extra folders of rationale libraries (YAML, or the SSR harness's JSON)")
+    default_library: str = Field(
+        "default", description="the rationale library a request gets when it names none")
+    generic_library: str = Field(
+        "generic-1", description="OpenAI route: the library for tool sets that are not ours")
+    served_model_name: str | None = Field(
+        None, description="OpenAI route's model id; unset = SSR_MODEL, or ssr-tiny when that is unset")
+    reasoning_memory_size: int = Field(
+        4096, ge=0, description="OpenAI route: returned tool calls whose selected reasoning the server "
+        "remembers (by call id), so clients need not send it back")
+    prompt_format: str = Field(
+        "ssr", description="the prompt format: a folder under ssr_server/core/formats (or in "
+        "SSR_FORMAT_DIRS)")
+    format_dirs: tuple[str, ...] = Field((), description="extra folders of prompt formats")
+    searxng_url: str | None = Field(
+        None, description="text search through a SearxNG instance (wins over SSR_CORPUS_PATH); none of the "
+        "four tool backends set = the shipped offline demo world")
+    image_search_url: str | None = Field(
+        None, description="image search through an HTTP backend (wins over SSR_IMAGE_INDEX_DIR)")
+    corpus_path: str | None = Field(
+        None, description="text search: local BM25 over this JSONL corpus (a world's corpus.jsonl)")
+    image_index_dir: str | None = Field(
+        None, description="image search: local perceptual-hash index of this folder (a world's folder)")
+    tool_timeout_s: float = Field(20.0, gt=0, description="timeout of one tool call, in seconds")
+
+    # limits
+    max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="largest request body")
+    max_image_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest image, encoded")
+    max_image_pixels: int = Field(16_000_000, ge=1, description="largest image, decoded (pixels)")
+    # What the server keeps of an image: larger ones are downscaled at intake (the model, zoom and
+    # image search then work at this resolution); bounds the memory of every admitted run.
+    image_keep_pixels: int | None = Field(
+        524_288, ge=1024, description="images over this many pixels are downscaled at intake (aspect "
+        "kept): the model, zoom and image search then work at that size, and each running run holds its "
+        "images at it (about 3 MB per megapixel)")
+    image_decode_concurrency: int = Field(
+        2, ge=1, description="images decoded at once (each up to 48 MB + copies)")
+    max_images: int = Field(4, ge=0, description="images per request")
+    max_question_chars: int = Field(4000, ge=1, description="characters of a run's question")
+    max_candidates: int = Field(
+        MAX_CANDIDATES, ge=1, le=MAX_CANDIDATES, description="explicit candidates per request")
+    max_candidate_chars: int = Field(
+        MAX_CANDIDATE_CHARS, ge=1, le=MAX_CANDIDATE_CHARS, description="characters of one candidate")
+    max_turns: int = Field(
+        12, ge=1, le=MAX_TURNS, description="the most turns a request may ask for (a run without max_turns "
+        "gets 6, or this if lower)")
+    max_messages: int = Field(64, ge=1, description="messages of one selection or chat request")
+    max_conversation_chars: int = Field(
+        64_000, ge=1, description="text of all messages (selection, OpenAI routes)")
+
+    # image URLs
+    allow_private_urls: bool = Field(
+        False, description="fetch image URLs on private, loopback and link-local addresses (SSRF guard off)")
+    url_allowlist: tuple[str, ...] = Field(
+        (), description="domains images may be fetched from (subdomains included); empty = any public host")
+    url_timeout_s: float = Field(10.0, gt=0, description="timeout of one image download, in seconds")
+    url_max_redirects: int = Field(3, ge=0, description="redirects followed when fetching an image URL")
+
+    # admission, deadlines, shutdown
+    max_concurrent_runs: int = Field(
+        16, ge=1, description="requests served at once: agent runs, selection steps, chat turns")
+    max_queued_runs: int = Field(
+        64, ge=0, description="requests waiting for a slot; beyond that, 429 with Retry-After")
+    run_deadline_s: float = Field(
+        300.0, gt=0, description="a run still going after this many seconds ends (outcome timeout)")
+    drain_timeout_s: float = Field(
+        30.0, ge=0, description="on SIGTERM, how long runs in flight may finish before they are cancelled")
+    stats_window: int = Field(
+        2000, ge=10, description="/v1/stats: percentiles are over this many latest values of each latency, "
+        "per mode")

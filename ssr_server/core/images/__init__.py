@@ -1,0 +1,1 @@
+"""Image intake: limits (``limits``), SSRF-safe URL fetching (``urls``), bounded decoding (``intake``)."""
