@@ -21,6 +21,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The CLIs' error panels (typer + rich) wrap at the terminal's width, 80 without one: a message quoting a
+# temporary path then breaks at a place that moves with the path's length, and a test looking for a phrase
+# in it fails now and then. Wide enough that nothing wraps.
+os.environ.setdefault("TERMINAL_WIDTH", "1000")
 
 
 def free_port() -> int:
@@ -72,12 +76,14 @@ def live_server(settings: Any = None, engine: Any = None, tools: Any = None,
     import uvicorn
 
     from ssr_server.api.app import create_app
+    from ssr_server.api.connections import server_config
     from ssr_server.core.config import Settings
 
     port = free_port()
     settings = settings or Settings()
-    config = uvicorn.Config(create_app(settings, engine=engine, tools=tools), host="127.0.0.1", port=port,
-                            log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    # server_config: the same connection bounds as `ssr-server serve` (timeouts, connection cap)
+    config = server_config(create_app(settings, engine=engine, tools=tools), settings, host="127.0.0.1",
+                           port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

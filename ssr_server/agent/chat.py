@@ -2,7 +2,11 @@
 
 Every place that builds a context uses it: the agent loop (``start``, ``observation``), the selection
 route and the OpenAI route (``render``, on their ``PendingMessage``s once the images are fetched).
-External text is escaped (``Escaper``); images are written as the format's placeholders (``[IMAGE n]``,
+Everything a client wrote is escaped here, with the one ``Escaper``: the question, every message's text,
+an assistant turn's reasoning and tool calls (name and arguments), the client's tool definitions (every
+string of them: names, descriptions, property names, enums, defaults), and candidate texts, in the
+system prompt's strategy list and in the surfaces scored (``candidate_surfaces``). The format's own text
+never is. Images are written as the format's placeholders (``[IMAGE n]``,
 one-based over the run's image registry) and each placeholder becomes the format's vision marker, whose
 single ``<|image_pad|>`` the engines expand (the compact ``Context``). Contexts grow by appending
 tokens, never by re-tokenising, so turn t+1's context is turn t's plus new tokens and the prefix cache
@@ -70,6 +74,20 @@ class ChatRenderer:
     def encode(self, text: str) -> tuple[int, ...]:
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def system_prompt(self, library: Library) -> str:
+        """The format's system prompt for ``library``, its candidate texts escaped (a client may send
+        them: ``candidates``)."""
+        return self.format.system_prompt(library, self.escape)
+
+    def candidate_surfaces(self, library: Library, label_only: bool = False) -> tuple[str, ...]:
+        """What is scored for each candidate, and pasted when chosen: its text escaped, as the system
+        prompt lists it."""
+        return self.format.candidate_surfaces(library, label_only, self.escape)
+
+    def tool_name(self, name: str) -> str:
+        """A client's tool name as the prompt shows it (the call returned to the client keeps its own)."""
+        return self.escape(name)
+
     def encode_with_images(self, text: str, images: Sequence[ImageRef], first_number: int) -> tuple[int, ...]:
         """Tokens of ``text`` whose placeholders, numbered from ``first_number``, name ``images``."""
         numbers = [int(m.group(1)) for m in self._placeholder.finditer(text)]
@@ -82,7 +100,7 @@ class ChatRenderer:
     def start(self, question: str, images: Sequence[ImageRef], library: Library) -> Context:
         """System prompt (strategies for ``library``), the question with its images, the assistant turn."""
         user = self.format.user_content(self.escape(question), 1, len(images))
-        text = (self.format.message("system", self.format.system_prompt(library))
+        text = (self.format.message("system", self.system_prompt(library))
                 + self.format.message("user", user) + self.format.assistant_start())
         return Context(self.encode_with_images(text, images, 1), tuple(images))
 
@@ -93,22 +111,24 @@ class ChatRenderer:
 
     # ---- whole conversations (selection route, OpenAI route) -------------------------------------
     def render(self, messages: Sequence[Message], library: Library | None = None,
-               add_generation_prompt: bool = True, tools_block: str | None = None) -> Context:
-        """A context from chat messages. ``tools_block`` (our text, not escaped) ends the system message,
+               add_generation_prompt: bool = True,
+               tools: Sequence[Mapping[str, Any]] | None = None) -> Context:
+        """A context from chat messages. A client's ``tools`` (OpenAI ``{"type": "function", ...}``
+        entries) are advertised, escaped, in the format's tools section, which ends the system message
         after the client's own system text if any; otherwise, without a system message, the format's
         system prompt for ``library`` comes first (when a library is given)."""
         if not messages:
             raise InvalidRequest("messages must not be empty")
         parts: list[str] = []
         images: list[ImageRef] = []
-        if tools_block is not None:
+        if tools is not None:
+            block = self.format.client_tools_block(tools, self.escape)
             if messages[0].role == "system":
-                own = self._content(messages[0].content, images)
-                tools_block = own + "\n\n" + tools_block
+                block = self._content(messages[0].content, images) + "\n\n" + block
                 messages = messages[1:]
-            parts.append(self.format.message("system", tools_block))
+            parts.append(self.format.message("system", block))
         elif messages[0].role != "system" and library is not None:
-            parts.append(self.format.message("system", self.format.system_prompt(library)))
+            parts.append(self.format.message("system", self.system_prompt(library)))
         for m in messages:
             parts.append(self._message(m, images))
         if add_generation_prompt:
@@ -137,9 +157,10 @@ class ChatRenderer:
             return fmt.message(m.role, self._content(m.content, images, user=m.role == "user"))
         text = fmt.reasoning.candidate.format(text=self.escape(m.reasoning)) if m.reasoning else ""
         for call in m.tool_calls:
+            # The arguments are the client's to send back, whatever the model decoded: escaped too.
             action = fmt.tool_action(call.name)
             if action is not None:
-                text += fmt.tool_call_text(action, call.arguments)
+                text += fmt.tool_call_text(action, call.arguments, self.escape)
             else:  # a tool the format does not know (OpenAI clients): the same Qwen-style call
                 body = json.dumps({"name": call.name, "arguments": dict(call.arguments)}, ensure_ascii=False)
                 text += fmt.actions.tool_call.open + self.escape(body) + fmt.actions.tool_call.close

@@ -4,8 +4,14 @@ SSR selects the reasoning among the library's candidates whose move the request 
 is decoded under its grammar: a call of one of the client's tools (the arguments under its JSON schema)
 or the answer. A candidate's move maps onto the request's tools by name: ``image_search`` means the tool
 the format calls ``image_search_tool``, ``tool`` any of the client's tools, ``any`` those or the answer;
-``tool_choice`` narrows that further. The client runs the tool and sends its result back as a ``tool``
+``tool_choice`` narrows that further. Moves that cannot run are never offered: without an image in the
+conversation, the tools named like our image tools (``image_search_tool``, ``image_zoom_in_tool``) are
+neither scored for nor decodable. The client runs the tool and sends its result back as a ``tool``
 message, which the chat renderer writes as the format's observation.
+
+Each completion is counted like a run of one turn (``ssr_runs_in_flight`` while it is served, then
+``ssr_runs_total`` by mode and outcome, the run seconds, model seconds and turns): ``answered`` or
+``tool_calls`` when it ends, else ``error``, ``cancelled`` or ``timeout``.
 
 A tool set that is exactly ours (by name) is advertised with the format's own system prompt, so SSR
 checkpoints see what they were trained on; any other tool set with Qwen's tool section.
@@ -13,6 +19,7 @@ checkpoints see what they were trained on; any other tool set with Qwen's tool s
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import OrderedDict
@@ -27,8 +34,8 @@ from ssr_server.agent.loop import Agent
 from ssr_server.agent.trace import Turn
 from ssr_server.agent.turn import ActionChoice
 from ssr_server.core import metrics
-from ssr_server.core.actions import TOOL_ACTIONS
-from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.actions import ACTIONS, TOOL_ACTIONS
+from ssr_server.core.errors import InvalidRequest, SSRError
 from ssr_server.core.library import Library
 from ssr_server.core.limits import DEFAULT_REASONING_TOKENS
 from ssr_server.core.protocol import Context
@@ -36,6 +43,14 @@ from ssr_server.core.selection import DEFAULT_ALPHA, DEFAULT_TAU
 
 ANSWER = "answer"
 ReasoningCallback = Callable[[str], Awaitable[None]]
+
+
+class CompletionDeadline(SSRError):
+    """A completion passed its deadline (the server's ``SSR_RUN_DEADLINE_S``): the work is dropped and
+    the client gets a gateway timeout, not a server error."""
+
+    status_code = 504
+    code = "deadline_exceeded"
 
 
 @dataclass(frozen=True)
@@ -115,8 +130,7 @@ class Completer:
 
     def render(self, messages: Sequence[Message], tools: Sequence[ClientTool], library: Library) -> Context:
         if tools and not self.is_native(tools):
-            block = self.format.client_tools_block([t.advertised() for t in tools])
-            return self.agent.chat.render(messages, tools_block=block)
+            return self.agent.chat.render(messages, tools=[t.advertised() for t in tools])
         return self.agent.chat.render(messages, library if tools else None)
 
     # ---- what each candidate may do ------------------------------------------------------------
@@ -133,14 +147,47 @@ class Completer:
             return [choice.name]
         return [*names, ANSWER]
 
-    def _moves(self, action: str, tools: Sequence[ClientTool]) -> list[str]:
+    def _can_run(self, name: str, n_images: int) -> bool:
+        """Whether a client's tool can run in a conversation of ``n_images``: one named like our zoom or
+        image search needs an image."""
+        action = self._native.get(name)
+        return action is None or ACTIONS[action].can_run(n_images)
+
+    def _moves(self, action: str, tools: Sequence[ClientTool], n_images: int = 1) -> list[str]:
+        """The moves a candidate's ``action`` maps onto among ``tools``, those that can run."""
         if action == "answer":
             return [ANSWER]
+        names = [t.name for t in tools if self._can_run(t.name, n_images)]
         if action in TOOL_ACTIONS:
             name = self.format.tool_names[action]
-            return [name] if any(t.name == name for t in tools) else []
-        names = [t.name for t in tools]
+            return [name] if name in names else []
         return names if action == "tool" else [*names, ANSWER]
+
+    def _left_out(self, library: Library, tools: Sequence[ClientTool], requested: set[str],
+                  n_images: int) -> tuple[dict[int, list[str]], dict[int, str]]:
+        """Each candidate's moves that the request allows and can run (index -> moves, those with
+        some), and the candidates left out (index -> why)."""
+        allowed: dict[int, list[str]] = {}
+        left_out: dict[int, str] = {}
+        for i, c in enumerate(library.candidates):
+            moves = [m for m in self._moves(c.action, tools, n_images) if m in requested]
+            if moves:
+                allowed[i] = moves
+            elif n_images < 1 and any(m in requested for m in self._moves(c.action, tools, 1)):
+                left_out[i] = f"its move ({c.action}) needs an image and there is none"
+            else:
+                left_out[i] = f"its move ({c.action}) is not among the moves this request allows"
+        return allowed, left_out
+
+    def _refuse(self, library: Library | None, requested: set[str], n_images: int) -> InvalidRequest:
+        needs_image = sorted(m for m in requested if not self._can_run(m, n_images))
+        why = (f"; {', '.join(needs_image)} need{'s' if len(needs_image) == 1 else ''} an image and the "
+               "conversation has none" if needs_image else "")
+        if library is None:
+            return InvalidRequest(f"no move this request allows ({sorted(requested)}) can run{why}")
+        return InvalidRequest(
+            f"no candidate of library {library.name!r} allows a move this request allows "
+            f"({sorted(requested)}){why}; choose another library (e.g. generic-1) or pass candidates")
 
     def _choice(self, move: str, tools: Sequence[ClientTool], n_images: int) -> ActionChoice:
         turns = self.agent.turns
@@ -163,30 +210,63 @@ class Completer:
     # ---- the turn ------------------------------------------------------------------------------
     async def complete(self, ctx: Context, library: Library, tools: Sequence[ClientTool], choice: ToolChoice,
                        options: CompletionOptions, on_reasoning: ReasoningCallback | None = None,
-                       ) -> Completion:
-        agent, turns = self.agent, self.agent.turns
+                       deadline_s: float | None = None) -> Completion:
+        """The turn. Refuses (``InvalidRequest``, before anything is counted) a request none of whose
+        moves can be taken; past ``deadline_s`` raises ``CompletionDeadline`` (counted as a ``timeout``)."""
         requested = set(self._requested(tools, choice))
-        rng = np.random.default_rng(options.seed)
+        n_images = len(ctx.images)
+        allowed: dict[int, list[str]] = {}
+        left_out: dict[int, str] = {}
+        moves: list[str] = []
+        if options.mode == "ssr":
+            allowed, left_out = self._left_out(library, tools, requested, n_images)
+            if not allowed:
+                raise self._refuse(library, requested, n_images)
+        else:
+            usable = [t.name for t in tools if self._can_run(t.name, n_images)]
+            moves = [m for m in [*usable, ANSWER] if m in requested]
+            if not moves:
+                raise self._refuse(None, requested, n_images)
         turn = Turn(index=0, mode=options.mode, context_tokens=len(ctx))
+        t0 = time.perf_counter()
+        outcome = "error"
+        metrics.RUNS_IN_FLIGHT.inc()
+        try:
+            async with asyncio.timeout(deadline_s):
+                done = await self._turn(ctx, library, tools, options, on_reasoning, turn, allowed, left_out,
+                                        moves)
+            outcome = "answered" if done.tool_name is None else "tool_calls"
+            return done
+        except TimeoutError:
+            outcome = "timeout"
+            why = "timed out" if deadline_s is None else f"passed its {deadline_s:g} s deadline"
+            raise CompletionDeadline(f"the completion {why}") from None
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            # What the agent loop records for a run, for this run of one turn.
+            metrics.RUNS_IN_FLIGHT.dec()
+            metrics.RUNS.labels(mode=options.mode, outcome=outcome).inc()
+            metrics.RUN_SECONDS.labels(mode=options.mode).observe(time.perf_counter() - t0)
+            metrics.RUN_MODEL_SECONDS.labels(mode=options.mode).observe(turn.reasoning_s + turn.action_s)
+            metrics.RUN_TURNS.labels(mode=options.mode).observe(1 if turn.action_type is not None else 0)
+
+    async def _turn(self, ctx: Context, library: Library, tools: Sequence[ClientTool],
+                    options: CompletionOptions, on_reasoning: ReasoningCallback | None, turn: Turn,
+                    allowed: Mapping[int, list[str]], left_out: Mapping[int, str],
+                    moves: list[str]) -> Completion:
+        agent, turns = self.agent, self.agent.turns
+        rng = np.random.default_rng(options.seed)
         t0 = time.perf_counter()
         start = len(ctx)
         if options.mode == "ssr":
-            allowed = [[m for m in self._moves(c.action, tools) if m in requested]
-                       for c in library.candidates]
-            keep = [i for i, moves in enumerate(allowed) if moves]
-            if not keep:
-                raise InvalidRequest(
-                    f"no candidate of library {library.name!r} allows a move this request allows "
-                    f"({sorted(requested)}); choose another library (e.g. generic-1) or pass candidates")
-            sub = Library(library.name, library.description, tuple(library.candidates[i] for i in keep))
-            all_ids = agent.candidate_ids(library)
-            ctx = await turns.select(ctx, sub, [all_ids[i] for i in keep], alpha=options.alpha,
-                                     tau=options.tau, label_only=False, rng=rng, turn=turn)
-            moves = allowed[keep[sub.ids.index(turn.candidate_id or "")]]
+            ctx = await turns.select(ctx, library, agent.candidate_ids(library), alpha=options.alpha,
+                                     tau=options.tau, label_only=False, rng=rng, turn=turn, left_out=left_out)
+            moves = allowed[library.ids.index(turn.candidate_id or "")]
         else:
             budget = min(options.reasoning_budget, options.max_tokens or options.reasoning_budget)
             ctx = await turns.think(ctx, budget=budget, temperature=options.temperature, rng=rng, turn=turn)
-            moves = [m for m in [*[t.name for t in tools], ANSWER] if m in requested]
         reasoning_tokens = len(ctx) - start
         if on_reasoning is not None:
             await on_reasoning(turn.reasoning)

@@ -6,6 +6,9 @@ own turn, forge an image slot or fake a tool call. The list is derived from the 
 added vocabulary), plus the format's own markers (``[IMAGE``, ``</tool_response>``, ...), and each match
 is neutralised by replacing its first character with a full-width look-alike (``<`` -> ``＜``, as the
 SSR reference harness does): the text stays readable and can no longer tokenise to a control token.
+
+This is the one escaping function: the chat renderer (``agent.chat``) holds one per tokenizer and passes
+every text a client or a tool wrote through it, tool definitions and candidate texts included.
 """
 
 from __future__ import annotations

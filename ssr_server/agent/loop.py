@@ -3,7 +3,10 @@
 ``ssr`` mode scores every rationale of the library in one engine call and pastes the chosen surface;
 ``freeform`` decodes the reasoning token by token inside the format's reasoning block (the baseline).
 Both then fix the action: forced by the rationale in ssr mode, otherwise chosen among the allowed
-actions' openings by likelihood; only the arguments (a JSON object under the tool's schema) or the
+actions' openings by likelihood. Only actions that can run are offered: in a run without an image, zoom
+and image search are neither scored (a rationale whose only move needs an image is left out of the
+selection, the turn's ``left_out`` says so) nor decodable (a ``tool`` or ``any`` rationale, and freeform
+reasoning, choose among the rest). Only the arguments (a JSON object under the tool's schema) or the
 answer (under the format's answer grammar) are decoded, so an action cannot fail to parse (one turn's
 decision is ``TurnMaker``'s). What a schema cannot say (zoom corners in order) is checked after decoding
 and, like a failing tool, becomes an observation that counts toward the run's error limit.
@@ -24,7 +27,7 @@ from ssr_server.agent.observe import invalid_action_text, observation_text
 from ssr_server.agent.trace import Run, Turn
 from ssr_server.agent.turn import TurnMaker
 from ssr_server.core import metrics
-from ssr_server.core.actions import ALL_ACTIONS, ToolCall, allowed_actions
+from ssr_server.core.actions import ACTIONS, ALL_ACTIONS, ToolCall, possible_actions
 from ssr_server.core.errors import ContextTooLong, InvalidRequest
 from ssr_server.core.formats.format import PromptFormat, get_format
 from ssr_server.core.library import Library, LibraryRegistry
@@ -93,8 +96,17 @@ class Agent:
         return self.libraries.get(options.library)
 
     def candidate_ids(self, library: Library, label_only: bool = False) -> Sequence[Sequence[int]]:
-        return library.candidate_token_ids(self.engine.tokenizer,
-                                           self.format.candidate_surfaces(library, label_only))
+        surfaces = self.chat.candidate_surfaces(library, label_only)
+        return library.candidate_token_ids(self.engine.tokenizer, surfaces)
+
+    def check_can_act(self, library: Library, n_images: int) -> None:
+        """Refuses (``InvalidRequest``) a selection run no candidate of which could act: every one's
+        move needs an image and there is none (a run's images only come from image moves, so a run that
+        starts without one never gets one)."""
+        if len(without_image(library, n_images)) == len(library.candidates):
+            raise InvalidRequest(
+                f"no candidate of library {library.name!r} can act without an image (zoom and image "
+                "search need one): send an image or choose another library")
 
     def start(self, question: str, images: Sequence[ImageRef], library: Library) -> Context:
         return self.chat.start(question, images, library)
@@ -114,6 +126,8 @@ class Agent:
         """``run``, also returning the final context (training data, trajectory files)."""
         options.validate()
         library = self.library_for(options)
+        if options.mode == "ssr":
+            self.check_can_act(library, len(images))
         run = Run(id=run_id or uuid.uuid4().hex, question=question, mode=options.mode, library=library.name)
         ctx = [self.start(question, images, library)]
         rng = np.random.default_rng(options.seed)
@@ -153,16 +167,18 @@ class Agent:
             ctx = state[0]
             turn = Turn(index=index, mode=options.mode, context_tokens=len(ctx))
             t0 = time.perf_counter()
+            n_images = len(ctx.images)
             if options.mode == "ssr":
                 ctx = await self.turns.select(ctx, library, cand_ids, alpha=options.alpha, tau=options.tau,
-                                              label_only=options.label_only, rng=rng, turn=turn)
+                                              label_only=options.label_only, rng=rng, turn=turn,
+                                              left_out=without_image(library, n_images))
                 chosen = library.candidates[library.ids.index(turn.candidate_id or "")]
-                actions = allowed_actions(chosen.action)
+                actions = possible_actions(chosen.action, n_images)
             else:
                 ctx = await self.turns.think(ctx, budget=options.reasoning_budget,
                                              temperature=options.action_temperature, rng=rng, turn=turn)
-                actions = ALL_ACTIONS
-            choices = [self.turns.choice(a, len(ctx.images)) for a in actions]
+                actions = tuple(a for a in ALL_ACTIONS if ACTIONS[a].can_run(n_images))
+            choices = [self.turns.choice(a, n_images) for a in actions]
             ctx, decision = await self.turns.act(ctx, choices, temperature=options.action_temperature,
                                                  rng=rng, turn=turn)
             call = decision.call
@@ -211,3 +227,7 @@ class Agent:
                              turn.reasoning_tokens + turn.action_tokens)
 
 
+def without_image(library: Library, n_images: int) -> dict[int, str]:
+    """The candidates (by index) whose every move needs an image, when the context has none, and why."""
+    return {i: f"its move ({c.action}) needs an image and there is none"
+            for i, c in enumerate(library.candidates) if not possible_actions(c.action, n_images)}

@@ -14,8 +14,11 @@ class Turn:
     mode: str
     candidate_id: str | None = None  # ssr: the chosen rationale
     reasoning: str = ""  # the rationale pasted (ssr) or decoded (freeform)
-    scores: list[float] | None = None  # S_i per candidate (ssr)
+    scores: list[float] | None = None  # S_i per candidate scored (ssr), library order
     q: list[float] | None = None  # selection probabilities (ssr)
+    # ssr: candidates not scored this turn, by id, and why (a move that needs an image in a run without
+    # one; on the OpenAI route also a move the request does not allow). scores and q skip them.
+    left_out: dict[str, str] = field(default_factory=dict)
     action_type: str | None = None  # image_search | text_search | zoom | answer
     tool_name: str | None = None  # the tool as the format names it (e.g. text_search_tool)
     argument: str = ""  # the answer, or the decoded arguments as JSON text

@@ -65,8 +65,10 @@ class TurnMaker:
 
     # ---- the actions ---------------------------------------------------------------------------
     def choice(self, action: str, n_images: int = 1) -> ActionChoice:
-        """Our ``action`` (a tool of the action table, or the answer) in a context of ``n_images``."""
-        key = (action, n_images if action == "zoom" else 0)
+        """Our ``action`` (a tool of the action table, or the answer) in a context of ``n_images``; an
+        action that cannot run there (zoom or image search without an image) is a ``ValueError``: the
+        callers offer only ``possible_actions``."""
+        key = (action, n_images if action == "zoom" else min(n_images, 1))
         hit = self._choices.get(key)
         if hit is None:
             enc, fmt = self.chat.encode, self.format
@@ -85,9 +87,12 @@ class TurnMaker:
 
     def external(self, name: str, parameters: Mapping[str, Any],
                  max_new_tokens: int = 256) -> ActionChoice:
-        """A client's tool: the Qwen-style call with its name, arguments under its JSON schema."""
+        """A client's tool: the Qwen-style call with its name, arguments under its JSON schema. The
+        opening forced into the context shows the name escaped, as the tools section does; the call
+        keeps the client's own name, which the client gets back."""
         fmt = self.format
-        opening = f'{fmt.actions.tool_call.open}{{"name": {json.dumps(name)}, "arguments": '
+        shown = json.dumps(self.chat.tool_name(name), ensure_ascii=False)
+        opening = f'{fmt.actions.tool_call.open}{{"name": {shown}, "arguments": '
         closing = "}" + fmt.actions.tool_call.close
         return ActionChoice("external", name, self.chat.encode(opening), self.chat.encode(closing),
                             Grammar("json_schema", json.dumps(dict(parameters))), max_new_tokens)
@@ -95,12 +100,23 @@ class TurnMaker:
     # ---- reasoning -----------------------------------------------------------------------------
     async def select(self, ctx: Context, library: Library, cand_ids: Sequence[Sequence[int]], *,
                      alpha: float, tau: float, label_only: bool, rng: np.random.Generator | int | None,
-                     turn: Turn) -> Context:
-        """SSR: score every rationale, pick one, paste it exactly as scored. Returns the context after it."""
-        step = await select_step(self.engine, ctx, library, cand_ids, alpha=alpha, tau=tau, seed=rng)
-        i, cand = step.selection.index, step.candidate
+                     turn: Turn, left_out: Mapping[int, str] | None = None) -> Context:
+        """SSR: score every rationale (but those ``left_out``: index -> why), pick one, paste it exactly
+        as scored. Returns the context after it; ``turn`` records the scores of the candidates scored
+        (library order) and, by id, those left out and why."""
+        left_out = left_out or {}
+        kept = [i for i in range(len(library.candidates)) if i not in left_out]
+        if not kept:
+            raise ValueError("every candidate is left out")
+        sub = library if not left_out else Library(library.name, library.description,
+                                                   tuple(library.candidates[i] for i in kept))
+        step = await select_step(self.engine, ctx, sub, [cand_ids[i] for i in kept], alpha=alpha, tau=tau,
+                                 seed=rng)
+        i, cand = kept[step.selection.index], step.candidate
         turn.reasoning_s = step.latency_s
         turn.candidate_id = cand.id
+        turn.left_out = {library.candidates[j].id: why for j, why in sorted(left_out.items())}
+        # the label is the number the system prompt lists the whole library under
         shown = self.format.display_order(library).index(i)
         turn.reasoning = self.format.reasoning.label.format(index=shown) if label_only else cand.text
         turn.scores, turn.q = list(step.selection.scores), list(step.selection.q)

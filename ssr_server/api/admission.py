@@ -6,6 +6,8 @@ with an explicit outcome. ``drain`` stops admitting and waits for what is in fli
 ``expire`` ends what is still in flight when the drain's deadline has passed: every task bound to a
 ticket (the run, or the request serving one step) and every request still queued is cancelled, and
 the cancellation surfaces as ``ShuttingDown`` (a JSON 503) rather than as a bare cancellation.
+
+The slot is taken from the request's headers, before a byte of its body is read (``api.gate``).
 """
 
 from __future__ import annotations
@@ -13,17 +15,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Protocol, TypeVar
+from collections.abc import AsyncIterator, Awaitable
+from typing import TypeVar
 
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from ssr_server.api.errors import error_response, retry_headers
 from ssr_server.core import metrics
 from ssr_server.core.errors import Overloaded, ShuttingDown
 
 T = TypeVar("T")
-_EXPIRED = "the server shut down before the run finished; retry on another replica"
+EXPIRED = "the server shut down before the run finished; retry on another replica"
 
 
 class Admission:
@@ -41,6 +40,10 @@ class Admission:
         self._bound: set[asyncio.Task[object]] = set()  # tasks doing admitted work
         self._waiting: set[asyncio.Task[object]] = set()  # tasks queued in acquire
         self._cut: set[asyncio.Task[object]] = set()  # tasks that expire() cancelled
+
+    def would_queue(self) -> bool:
+        """``acquire`` would wait in the queue (rather than admit or refuse at once)."""
+        return not self.draining and self._sem.locked() and self.queued < self.max_queued
 
     def check(self) -> None:
         """Raise what ``acquire`` would refuse with right now (``ShuttingDown``, ``Overloaded``)."""
@@ -66,7 +69,7 @@ class Admission:
             self.queued -= 1
             self._maybe_idle()
             if me is not None and self._was_cut(me):
-                raise ShuttingDown(_EXPIRED) from None
+                raise ShuttingDown(EXPIRED) from None
             raise
         finally:
             if me is not None:
@@ -102,19 +105,8 @@ class Admission:
     async def slot(self) -> AsyncIterator[Ticket]:
         """A slot for work done by the current task itself (e.g. one selection step)."""
         ticket = await self.acquire()
-        me = asyncio.current_task()
-        try:
-            if me is not None:
-                ticket.bind(me)
+        async with ticket.hold():
             yield ticket
-        except asyncio.CancelledError:
-            cut = me is not None and self._was_cut(me)
-            ticket.release()
-            if cut:
-                raise ShuttingDown(_EXPIRED) from None
-            raise
-        finally:
-            ticket.release()
 
     async def drain(self, timeout_s: float) -> bool:
         """Stop admitting; True when everything in flight finished within the timeout."""
@@ -135,55 +127,40 @@ class Admission:
         return len(victims)
 
 
-class AdmissionGate:
-    """ASGI middleware: refuse a run or selection step (429, or 503 while draining) before its body is
-    read, when ``Admission`` would refuse it anyway. Under overload the refused bodies are then never
-    held in memory (each is read and dropped chunk by chunk, so that the client, still sending,
-    receives the answer); the route's own ``acquire`` stays the real decision."""
-
-    def __init__(self, app: ASGIApp, admission: Callable[[], Admission | None],
-                 paths: frozenset[str]) -> None:
-        self.app, self.admission, self.paths = app, admission, paths
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        adm = self.admission() if scope["type"] == "http" and scope["path"] in self.paths else None
-        if adm is None or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        try:
-            adm.check()
-        except (Overloaded, ShuttingDown) as exc:
-            if isinstance(exc, Overloaded):
-                metrics.REQUESTS_REJECTED.labels(reason="overloaded").inc()
-            more = True
-            while more:  # drop the body as it arrives
-                message = await receive()
-                more = message["type"] == "http.request" and bool(message.get("more_body"))
-            resp = error_response(exc.status_code, exc.code, exc.message, headers=retry_headers(exc),
-                                  path=scope["path"])
-            await resp(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
 class Ticket:
-    """One admitted run's slot; ``release`` is idempotent (safe from a task's done-callback)."""
+    """One admitted request's slot; ``release`` is idempotent (safe from a task's done-callback)."""
 
     def __init__(self, admission: Admission) -> None:
         self._owner = admission
         self._released = False
+        self.claimed = False  # the route took it from the gate (its serving code gives it back)
         self._started = time.perf_counter()
         self._tasks: list[asyncio.Task[object]] = []
 
+    def claim(self) -> Ticket:
+        """The route takes the slot the gate holds: from here on, its serving code gives it back
+        (``guard``, ``hold``, a run task's done-callback), as if it had acquired the slot itself."""
+        self.claimed = True
+        me = asyncio.current_task()
+        if me is not None:
+            self.unbind(me)  # the gate's binding of the request task ends here
+        return self
+
     def bind(self, task: asyncio.Task[T]) -> None:
         """``task`` does this run's work: ``expire`` cancels it (at once if the deadline has passed)."""
-        if self._released:
-            return
         t: asyncio.Task[object] = task  # type: ignore[assignment]
+        if self._released or t in self._tasks:
+            return
         self._tasks.append(t)
         self._owner._bound.add(t)
         if self._owner.expired:
             self._owner._cancel(t)
+
+    def unbind(self, task: asyncio.Task[T]) -> None:
+        t: asyncio.Task[object] = task  # type: ignore[assignment]
+        if t in self._tasks:
+            self._tasks.remove(t)
+            self._owner._bound.discard(t)
 
     async def guard(self, work: Awaitable[T]) -> T:
         """Await ``work`` (e.g. image intake) under this ticket: if it fails, the slot is freed; if
@@ -197,15 +174,32 @@ class Ticket:
             cut = me is not None and self._owner._was_cut(me)
             self.release()
             if cut:
-                raise ShuttingDown(_EXPIRED) from None
+                raise ShuttingDown(EXPIRED) from None
             raise
         except BaseException:
             self.release()
             raise
         finally:
-            if me is not None and me in self._tasks:
-                self._tasks.remove(me)
-                self._owner._bound.discard(me)
+            if me is not None:
+                self.unbind(me)
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[Ticket]:
+        """Work done by the current task itself under this ticket (e.g. one selection step): the drain's
+        deadline cancels it (``ShuttingDown``), and the slot is given back when the block ends."""
+        me = asyncio.current_task()
+        try:
+            if me is not None:
+                self.bind(me)
+            yield self
+        except asyncio.CancelledError:
+            cut = me is not None and self._owner._was_cut(me)
+            self.release()
+            if cut:
+                raise ShuttingDown(EXPIRED) from None
+            raise
+        finally:
+            self.release()
 
     def release(self, *_: object) -> None:
         if self._released:
@@ -216,32 +210,3 @@ class Ticket:
             self._owner._cut.discard(t)
         self._tasks.clear()
         self._owner._release(self._started)
-
-
-class SupportsDisconnect(Protocol):
-    async def is_disconnected(self) -> bool: ...
-
-
-async def acquire_or_disconnect(admission: Admission, request: SupportsDisconnect) -> Ticket | None:
-    """Wait for an admission slot; a client that goes away while queued gives its place back (None)."""
-    acquiring = asyncio.ensure_future(admission.acquire())
-    try:
-        while True:
-            done, _ = await asyncio.wait({acquiring}, timeout=0.25)
-            if done:
-                return acquiring.result()  # Overloaded / ShuttingDown propagate
-            if await request.is_disconnected():
-                break
-    except BaseException:
-        _abandon(acquiring)
-        raise
-    _abandon(acquiring)
-    metrics.REQUESTS_REJECTED.labels(reason="client_disconnected").inc()
-    return None
-
-
-def _abandon(acquiring: asyncio.Future[Ticket]) -> None:
-    if acquiring.cancel():  # still queued: Admission.acquire gives the place back
-        return
-    if not acquiring.cancelled() and acquiring.exception() is None:
-        acquiring.result().release()  # admitted meanwhile, but nobody will use the slot

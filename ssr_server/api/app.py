@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 import logging
 import time
@@ -18,8 +19,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ssr_server import __version__
 from ssr_server.agent.completion import Completer, ReasoningMemory
 from ssr_server.agent.loop import Agent
-from ssr_server.api.admission import Admission, AdmissionGate
+from ssr_server.api.admission import Admission
 from ssr_server.api.errors import error_response, install_error_handlers
+from ssr_server.api.gate import AdmissionGate
 from ssr_server.api.shutdown import CountRequests, Drain, RequestCounter
 from ssr_server.api.state import AppState
 from ssr_server.api.stats import LatencyWindow
@@ -95,6 +97,54 @@ class BodyLimit:
         resp = error_response(413, "payload_too_large", f"request body is over {self.max_bytes} bytes",
                               path=scope["path"])
         await resp(scope, receive, send)
+
+
+class BodyDeadline:
+    """408 for a body that has not arrived ``timeout_s`` after the app began to wait for it. Innermost,
+    so that for an admitted route the clock starts once the request holds its slot (a queued request is
+    not reading its body); the app then sees the client as gone and whatever it answers is dropped, and
+    the slot goes back (``AdmissionGate``). The connection is closed: the rest of the body is not coming."""
+
+    def __init__(self, app: ASGIApp, timeout_s: float) -> None:
+        self.app, self.timeout_s = app, timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        whole, late, started = False, False, False
+
+        async def timed() -> Any:
+            nonlocal whole, late
+            if late:
+                return {"type": "http.disconnect"}
+            if whole:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                late = True
+                metrics.REQUESTS_REJECTED.labels(reason="body_timeout").inc()
+                if not started:
+                    why = f"the request body did not arrive within {self.timeout_s:g} s"
+                    resp = error_response(408, "request_timeout", why, headers={"Connection": "close"},
+                                          path=scope["path"])
+                    await resp(scope, receive, send)
+                return {"type": "http.disconnect"}
+            whole = message["type"] != "http.request" or not message.get("more_body")
+            return message
+
+        async def guarded_send(message: Any) -> None:
+            nonlocal started
+            if late:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, timed, guarded_send)
 
 
 class ApiKeyAuth:
@@ -177,11 +227,13 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
     app.include_router(ops.router)
     app.include_router(rest.router)
     app.include_router(openai.router)
+    _describe_the_server(app)
 
     def admission() -> Admission | None:
         state: AppState | None = getattr(app.state, "ssr", None)
         return None if state is None else state.admission
 
+    app.add_middleware(BodyDeadline, timeout_s=settings.body_timeout_s)  # innermost: after admission
     app.add_middleware(AdmissionGate, admission=admission, paths=ADMITTED_PATHS)
     if settings.api_key is not None and settings.api_key.get_secret_value():
         app.add_middleware(ApiKeyAuth, key=settings.api_key.get_secret_value(),
@@ -189,6 +241,28 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CountRequests, counter=requests)  # outermost: every answer counts until sent
     return app
+
+
+def _describe_the_server(app: FastAPI) -> None:
+    """``/openapi.json`` names what only the running server knows (the model it serves, its libraries),
+    so that a client or test generator working from the document can form a valid chat completion;
+    before start-up (no state yet) it is the generic document."""
+    from ssr_server.api.openai.protocol import describe_server
+    from ssr_server.api.openai.serving import model_name
+
+    generic = app.openapi
+    described: list[dict[str, Any]] = []
+
+    def openapi() -> dict[str, Any]:
+        doc = generic()  # FastAPI builds it once and keeps it
+        state: AppState | None = getattr(app.state, "ssr", None)
+        if state is None:
+            return doc
+        if not described:
+            described.append(describe_server(copy.deepcopy(doc), model_name(state), state.libraries.names()))
+        return described[0]
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 async def drain_app(app: FastAPI) -> bool:

@@ -92,9 +92,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # FastAPI turns every failure to parse a JSON body other than a syntax error into a bare 400:
-        # invalid UTF-8 (UnicodeDecodeError) and nesting deeper than the parser's recursion limit.
-        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError | RecursionError):
-            why = "nested too deeply" if isinstance(exc.__cause__, RecursionError) else "not valid UTF-8"
+        # invalid UTF-8 (UnicodeDecodeError), nesting deeper than the parser's recursion limit, and an
+        # integer longer than Python converts (ValueError; its limit is the interpreter's, not ours).
+        cause = exc.__cause__
+        if exc.status_code == 400 and isinstance(cause, ValueError | RecursionError):
+            why = ("nested too deeply" if isinstance(cause, RecursionError)
+                   else "not valid UTF-8" if isinstance(cause, UnicodeError)
+                   else "it holds a number too long to read" if "integer string conversion" in str(cause)
+                   else "it cannot be parsed")
             return error_response(400, "invalid_json", f"request body is not valid JSON ({why})",
                                   path=request.url.path)
         codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}

@@ -7,7 +7,8 @@ whatever still runs is cancelled and answered with a JSON 503 (a final ``error``
 once those answers are written the server stops listening and exits. A second signal exits at once.
 
 uvicorn alone would close the socket at the first signal and, past its graceful timeout, cancel the
-request tasks (a text/plain 500) while the agent's run tasks go on computing.
+request tasks (a text/plain 500) while the agent's run tasks go on computing. The bounds on slow and
+idle clients are in ``api.connections``.
 """
 
 from __future__ import annotations

@@ -49,11 +49,16 @@ async def relay(task: asyncio.Task[Any], queue: asyncio.Queue[T]) -> AsyncGenera
     """What the task puts on ``queue``, as soon as it is there, until the task ends; then what is left."""
     while True:
         getter = asyncio.ensure_future(queue.get())
-        done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            done, _ = await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            # A client gone closes this generator while it waits here: a getter left pending would be
+            # destroyed later with "Task was destroyed but it is pending!" (one per disconnect).
+            if not getter.done():
+                getter.cancel()
         if getter in done:
             yield getter.result()
             continue
-        getter.cancel()
         while not queue.empty():
             yield queue.get_nowait()
         return

@@ -84,13 +84,13 @@ def png_variants(width: int, height: int, count: int) -> list[bytes]:
     return out
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def _status_kb(pid: int, key: str) -> float:
+def status_kb(pid: int, key: str) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith(key + ":"):
             return float(line.split()[1])
@@ -98,8 +98,10 @@ def _status_kb(pid: int, key: str) -> float:
 
 
 @contextlib.contextmanager
-def _server(env: dict[str, str], model: str | None, start_timeout_s: float) -> Iterator[tuple[str, int]]:
-    port = _free_port()
+def server_process(env: dict[str, str], model: str | None,
+                   start_timeout_s: float) -> Iterator[tuple[str, int]]:
+    """A real ``ssr-server serve`` in a subprocess on 127.0.0.1 (its URL and pid), stopped on exit."""
+    port = free_port()
     cmd = [sys.executable, "-m", "ssr_server.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--log-level", "warning"]
     if model:
@@ -180,10 +182,10 @@ def run_overload_bench(*, running: int = 16, queued: int = 64, factor: int = 4, 
         effective_keep = keep_pixels or None
         env["SSR_IMAGE_KEEP_PIXELS"] = str(keep_pixels or 10**12)  # 10**12: above any image allowed in
     t0 = time.perf_counter()
-    with _server(env, model, start_timeout_s=300.0) as (url, pid):
-        baseline_mb = _status_kb(pid, "VmRSS") / 1024
+    with server_process(env, model, start_timeout_s=300.0) as (url, pid):
+        baseline_mb = status_kb(pid, "VmRSS") / 1024
         answers = asyncio.run(asyncio.wait_for(_fire(url, bodies, timeout_s), timeout_s + 60))
-        peak_mb = _status_kb(pid, "VmHWM") / 1024
+        peak_mb = status_kb(pid, "VmHWM") / 1024
         ready = httpx.get(f"{url}/ready", timeout=30).json()
     wall = time.perf_counter() - t0
     statuses = Counter(str(s) for s, _ in answers)

@@ -42,10 +42,11 @@ def _serve(settings: Any, engine: Any = None, tools: Any = None,
     import uvicorn
 
     from ssr_server.api.app import create_app
+    from ssr_server.api.connections import server_config
 
     port = _free_port()
-    config = uvicorn.Config(create_app(settings, engine=engine, tools=tools), host="127.0.0.1", port=port,
-                            log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
+    config = server_config(create_app(settings, engine=engine, tools=tools), settings, host="127.0.0.1",
+                           port=port, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="ssr-bench-server", daemon=True)
     thread.start()

@@ -119,10 +119,34 @@ def bench_overload(
     model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     timeout: Annotated[float, typer.Option(help="seconds for all the answers")] = 600.0,
     json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+    admission: Annotated[bool, typer.Option(
+        help="instead: admission before the body; one slot, no queue, bursts of such requests against a "
+             "full and an idle server, by both kinds of client")] = False,
+    burst: Annotated[list[int] | None, typer.Option(
+        help="with --admission: requests per burst (repeatable; default 40 and 400)")] = None,
+    client: Annotated[list[str] | None, typer.Option(
+        help="with --admission: plain (no Expect: the whole body, then read) | expect (Expect: 100-continue)"
+    )] = None,
+    reasoning_budget: Annotated[int, typer.Option(
+        help="with --admission: reasoning tokens a turn, so that the admitted run holds its slot")] = 1024,
 ) -> None:
-    """Peak RSS of a real `ssr-server serve` sent 4x its capacity at once, with 16 MP images."""
+    """Peak RSS of a real `ssr-server serve` sent 4x its capacity at once, with 16 MP images; with
+    --admission, how fast and at what memory cost a one-slot server refuses bursts before their bodies."""
     from ssr_server.bench import overload
 
+    if admission:
+        from ssr_server.bench import admission as admission_bench
+
+        kinds = tuple(client or admission_bench.CLIENTS)
+        if any(k not in admission_bench.CLIENTS for k in kinds):
+            raise typer.BadParameter(f"--client takes {' or '.join(admission_bench.CLIENTS)}")
+        adm = admission_bench.run_admission_bench(
+            bursts=tuple(burst or (40, 400)), clients=kinds, images=images, reasoning_budget=reasoning_budget,
+            max_turns=2, model=model, timeout_s=min(timeout, 300.0), json_path=json_path)
+        typer.echo(admission_bench.format_admission(adm))
+        if not adm.passed:
+            raise typer.Exit(1)
+        return
     result = overload.run_overload_bench(running=running, queued=queued, factor=factor, images=images,
                                          keep_pixels=keep_pixels, decode_concurrency=decode_concurrency,
                                          prefix_cache_mb=prefix_cache_mb, model=model, timeout_s=timeout,

@@ -30,19 +30,17 @@ def serve(
     exits at once."""
     import logging
 
-    import uvicorn
-
     from ssr_server.api.app import create_app, drain_app
-    from ssr_server.api.shutdown import GRACEFUL_S, DrainingServer
+    from ssr_server.api.connections import server_config
+    from ssr_server.api.shutdown import DrainingServer
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = make_settings(engine=engine, model=model, host=host, port=port, dtype=dtype,
                              sglang_url=sglang_url)
     application = create_app(settings)
-    # The drain happens before uvicorn's own shutdown, whose graceful wait then only sees idle
-    # connections: a short bound, not the drain timeout a second time.
-    config = uvicorn.Config(application, host=settings.host, port=settings.port, log_level=log_level,
-                            timeout_graceful_shutdown=GRACEFUL_S)
+    # The connection bounds (header, body and keep-alive timeouts, connection cap) and uvicorn's short
+    # graceful wait (the drain came first: only idle connections are left) come from server_config.
+    config = server_config(application, settings, log_level=log_level)
     DrainingServer(config, drain=lambda: drain_app(application)).run()
 
 

@@ -7,7 +7,8 @@ budget, and the checks no schema can express (zoom corners strictly increasing).
 (``ssr_server.core.formats``); what it *means* is here, with ``ToolCall`` (a parsed call) and
 ``validate_box`` (the zoom box's check, shared with the zoom tool). A rationale's ``action`` is one of
 these names or a meta action: ``tool`` (any of the three tools, the model decodes which) or ``any`` (any
-tool or the answer).
+tool or the answer). Zoom and image search work on an image: in a context without one they cannot run,
+so ``possible_actions`` leaves them out and their grammar is never built there.
 """
 
 from __future__ import annotations
@@ -75,13 +76,20 @@ def _text_pattern(max_chars: int) -> str:
 class ActionSpec:
     name: ActionName
     max_new_tokens: int  # enough for the longest text the schema admits, one token per character
+    needs_image: bool = False  # zoom and image search: impossible in a context without an image
 
     @property
     def is_tool(self) -> bool:
         return self.name != "answer"
 
+    def can_run(self, n_images: int) -> bool:
+        return n_images > 0 or not self.needs_image
+
     def arguments_schema(self, n_images: int) -> dict[str, Any]:
         """The JSON schema of the call's ``arguments`` object in a context holding ``n_images``."""
+        if not self.can_run(n_images):
+            # No schema can be satisfied by a call that cannot run (zoom's img_idx would have no value).
+            raise ValueError(f"{self.name} needs an image; the context has none")
         if self.name == "image_search":
             return {"type": "object", "properties": {}, "additionalProperties": False}
         if self.name == "text_search":
@@ -100,6 +108,8 @@ class ActionSpec:
 
     def to_call(self, arguments: Mapping[str, Any], n_images: int) -> ToolCall:
         """A checked tool call from decoded arguments; ``ActionParseError`` says what is wrong."""
+        if not self.can_run(n_images):
+            raise ActionParseError(f"{self.name} needs an image and there is none")
         if self.name == "image_search":
             if arguments:
                 raise ActionParseError("image_search_tool takes no arguments")
@@ -133,15 +143,16 @@ def _image_index(value: Any, n_images: int) -> int:
             or int(value) != value:
         raise ActionParseError("img_idx must be an integer")
     if not 0 <= int(value) < n_images:
-        raise ActionParseError(f"img_idx {int(value)} does not exist; "
-                               f"images 0 to {n_images - 1} are available")
+        available = "there is no image" if n_images < 1 else (
+            "image 0 is the only one" if n_images == 1 else f"images 0 to {n_images - 1} are available")
+        raise ActionParseError(f"img_idx {int(value)} does not exist; {available}")
     return int(value)
 
 
 ACTIONS: dict[str, ActionSpec] = {
-    "image_search": ActionSpec("image_search", max_new_tokens=8),
+    "image_search": ActionSpec("image_search", max_new_tokens=8, needs_image=True),
     "text_search": ActionSpec("text_search", max_new_tokens=MAX_QUERY_CHARS + 16),
-    "zoom": ActionSpec("zoom", max_new_tokens=MAX_LABEL_CHARS + 48),
+    "zoom": ActionSpec("zoom", max_new_tokens=MAX_LABEL_CHARS + 48, needs_image=True),
     "answer": ActionSpec("answer", max_new_tokens=96),
 }
 
@@ -155,3 +166,10 @@ def allowed_actions(rationale_action: str) -> tuple[ActionName, ...]:
     if rationale_action in ACTIONS:
         return (ACTIONS[rationale_action].name,)
     raise ValueError(f"unknown rationale action {rationale_action!r}")
+
+
+def possible_actions(rationale_action: str, n_images: int) -> tuple[ActionName, ...]:
+    """The actions a rationale allows that can run in a context holding ``n_images``: without an image,
+    zoom and image search are left out (a ``tool`` rationale keeps text search, ``any`` text search and
+    the answer, a ``zoom`` or ``image_search`` rationale keeps nothing)."""
+    return tuple(a for a in allowed_actions(rationale_action) if ACTIONS[a].can_run(n_images))

@@ -135,6 +135,23 @@ class Settings(BaseSettings):
         300.0, gt=0, description="a run still going after this many seconds ends (outcome timeout)")
     drain_timeout_s: float = Field(
         30.0, ge=0, description="on SIGTERM, how long runs in flight may finish before they are cancelled")
+
+    # connections: slow and idle clients (ssr-server serve's uvicorn protocol)
+    body_timeout_s: float = Field(
+        30.0, gt=0, description="a request body must have arrived this many seconds after the server began "
+        "to read it (for a run: once admitted), else 408, the connection closed and the slot freed; the "
+        "rest of a refused body is discarded as it streams, within the same time")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="a request's line and headers must have arrived this many seconds after the "
+        "connection opened or the request's first byte, else the connection is closed")
+    keep_alive_s: float = Field(
+        5.0, gt=0, description="an idle keep-alive connection is closed after this many seconds")
+    max_connections: int = Field(
+        1000, ge=1, description="open connections (keep it under the process's file limit); a request on "
+        "a connection beyond this gets a plain 503")
+    max_header_bytes: int = Field(
+        65_536, ge=1024, description="request line and headers of one request; beyond this, 431 and the "
+        "connection closed")
     stats_window: int = Field(
         2000, ge=10, description="/v1/stats: percentiles are over this many latest values of each latency, "
         "per mode")

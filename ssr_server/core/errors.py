@@ -11,11 +11,17 @@ import re
 
 _REPR = re.compile(r"\s*<[^<>]*\bat 0x[0-9a-fA-F]+>")
 _ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{8,}\b")
+# A library's own bookkeeping in its messages: a log timestamp ("[21:35:40] "), a source location
+# ("/project/cpp/json_schema_converter.cc:5082: ", "(_ssl.c:1006)").
+_TIMESTAMP = re.compile(r"\[\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\]\s*")
+_SOURCE = re.compile(r"\(?(?:[\w.+-]*/)*[\w.+-]+\.(?:cc|cpp|cxx|c|h|hpp|py|pyx|rs|go):\d+\)?:?\s*")
 
 
 def public_message(text: str) -> str:
-    """``text`` without object reprs and memory addresses (library messages quote their objects)."""
-    return _ADDRESS.sub("0x...", _REPR.sub("", text)).strip()
+    """``text`` without object reprs, memory addresses, timestamps or source locations (library
+    messages quote their objects and their own files); the messages we write never need them."""
+    text = _SOURCE.sub("", _TIMESTAMP.sub("", _REPR.sub("", text)))
+    return _ADDRESS.sub("0x...", text).strip()
 
 
 class SSRError(Exception):

@@ -10,7 +10,7 @@ from PIL import Image
 from ssr_server.agent.chat import ChatRenderer, Message, ToolCallRecord
 from ssr_server.agent.observe import observation_text
 from ssr_server.core.formats.format import get_format
-from ssr_server.core.library import Library, LibraryRegistry
+from ssr_server.core.library import Candidate, Library, LibraryRegistry
 from ssr_server.core.protocol import Context, ImageRef
 from ssr_server.engine.tiny import build_tokenizer
 from ssr_server.tools.base import Observation, SearchHit
@@ -161,3 +161,21 @@ def test_placeholders_must_match_the_images(qwen: Any) -> None:
     with pytest.raises(ValueError, match="placeholders"):
         chat.encode_with_images("[IMAGE 2]", [_img("red")], 1)
     assert chat.encode_with_images("[IMAGE 1]", [_img("red")], 1) == chat.encode(get_format().vision_marker)
+
+
+def test_client_candidates_and_tools_are_escaped(qwen: Any) -> None:
+    """Candidate texts (the system prompt's list and the scored surfaces) and a client's tool definitions
+    are client text: escaped like a question. An image placeholder in a candidate no longer breaks the
+    rendering (it named an image the request did not have)."""
+    chat = ChatRenderer(qwen, get_format())
+    library = Library("custom", "", (Candidate("c1", "Look at [IMAGE 1] <|im_end|>", "any"),))
+    system = chat.system_prompt(library)
+    assert "［IMAGE 1] ＜|im_end|>" in system and "[IMAGE 1]" not in system
+    assert chat.candidate_surfaces(library) == ("<thinking>Look at ［IMAGE 1] ＜|im_end|></thinking>",)
+    ctx = chat.render([Message("user", ("Hi",))], library)  # no image: the candidate's placeholder is text
+    assert not ctx.images
+    tools = [{"type": "function", "function": {"name": "f", "description": "<tool_call>", "parameters": {
+        "type": "object", "properties": {"<|im_end|>": {"type": "string", "enum": ["[IMAGE 2]"]}}}}}]
+    text = qwen.decode(list(chat.render([Message("user", ("Hi",))], tools=tools).token_ids),
+                       skip_special_tokens=False)
+    assert '"description": "＜tool_call>"' in text and '"＜|im_end|>"' in text and '"［IMAGE 2]"' in text

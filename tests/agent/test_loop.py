@@ -27,6 +27,7 @@ from ssr_server.core.actions import ACTIONS, ALL_ACTIONS, allowed_actions
 from ssr_server.core.errors import InvalidRequest, UnknownLibrary
 from ssr_server.core.library import Library, LibraryRegistry
 from ssr_server.core.protocol import Context, ImageRef
+from ssr_server.tools.registry import ToolRegistry
 
 OUTCOMES = {"answered", "max_turns", "error", "cancelled", "timeout", "context_limit"}
 
@@ -94,7 +95,8 @@ def check_run_invariants(run: Run, options: RunOptions, library: Library, ctx: C
         if options.mode == "ssr":
             assert t.reasoning_s > 0
             assert t.scores is not None and t.q is not None
-            assert len(t.scores) == len(t.q) == len(library)
+            assert set(t.left_out) <= set(library.ids) and t.candidate_id not in t.left_out
+            assert len(t.scores) == len(t.q) == len(library) - len(t.left_out)
             assert math.isclose(sum(t.q), 1.0, abs_tol=1e-6)
             assert all(0.0 <= p <= 1.0 for p in t.q)
             assert t.scored_tokens > 0
@@ -230,19 +232,92 @@ async def test_turn_limit(torch_engine: Any, demo_tools: Any, tmp_path: Path, de
     assert len(ctx.images) == 1 + sum(t.observation.count("[IMAGE") for t in run.turns)
 
 
-async def test_error_limit_on_failing_tool(torch_engine: Any, demo_tools: Any, tmp_path: Path) -> None:
-    write_library(tmp_path, "always-search", [("search", "Search with the image.", "image_search")])
-    agent = Agent(torch_engine, demo_tools, LibraryRegistry(extra_dirs=[tmp_path]))
-    options = RunOptions(library="always-search", max_turns=6, max_errors=2)
-    run = await agent.run("What is this?", [], options)  # no image: image_search must fail
+async def test_error_limit_on_failing_tool(torch_engine: Any, tmp_path: Path) -> None:
+    write_library(tmp_path, "always-look-up", [("look", "Look the fact up.", "text_search")])
+    agent = Agent(torch_engine, ToolRegistry(), LibraryRegistry(extra_dirs=[tmp_path]))  # no tool works
+    options = RunOptions(library="always-look-up", max_turns=6, max_errors=2)
+    run = await agent.run("What is this?", [], options)
     assert run.outcome == "error"
     assert len(run.turns) == 2
     assert run.error is not None and "limit 2" in run.error
     for t in run.turns:
         assert not t.observation_ok
-        assert t.observation == "Tool execution failed: there is no image to work on"
-        assert t.error == "there is no image to work on"
-    check_run_invariants(run, options, agent.libraries.get("always-search"))
+        assert t.observation == "Tool execution failed: unknown tool; available tools: none"
+        assert t.error == "unknown tool; available tools: none"
+    check_run_invariants(run, options, agent.libraries.get("always-look-up"))
+
+
+# ---- no image, no image moves ----------------------------------------------------------------------
+class PreferCandidates:
+    """The real engine, with some candidates made overwhelmingly likely whenever they are scored: the
+    selection takes them if it is offered them at all."""
+
+    def __init__(self, engine: Any, preferred: Sequence[Sequence[int]]) -> None:
+        self._engine, self._preferred = engine, {tuple(c) for c in preferred}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def score(self, context: Context, candidates: Sequence[Sequence[int]]) -> list[Any]:
+        scores = await self._engine.score(context, candidates)
+        return [dataclasses.replace(s, token_logprobs=tuple(lp + 100.0 for lp in s.token_logprobs))
+                if tuple(c) in self._preferred else s for s, c in zip(scores, candidates, strict=True)]
+
+
+IMAGE_MOVES = ("zoom", "image_search")
+
+
+async def test_without_an_image_image_rationales_are_left_out_whatever_the_model_prefers(
+        torch_engine: Any, demo_tools: Any, demo_image: ImageRef) -> None:
+    probe = Agent(torch_engine, demo_tools, LibraryRegistry())
+    library = probe.libraries.get("default")
+    ids = probe.candidate_ids(library)
+    image_moves = [i for i, c in enumerate(library.candidates) if c.action in IMAGE_MOVES]
+    steered = PreferCandidates(torch_engine, [ids[i] for i in image_moves])
+    agent = Agent(steered, demo_tools, LibraryRegistry())
+    # with an image, the steered model really takes an image move: the steering works
+    first = await agent.run("What is this?", [demo_image], RunOptions(max_turns=1))
+    assert first.turns[0].action_type in IMAGE_MOVES and not first.turns[0].left_out
+    for seed in range(3):
+        options = RunOptions(tau=1.0, seed=seed, max_turns=3, action_temperature=1.0)
+        run, ctx = await agent.run_with_context("What is this?", [], options)
+        check_run_invariants(run, options, library, ctx)
+        assert not ctx.images
+        for t in run.turns:
+            assert t.action_type in ("text_search", "answer"), t.action_text
+            assert set(t.left_out) == {library.ids[i] for i in image_moves}
+            assert all("needs an image" in why for why in t.left_out.values())
+            assert t.candidate_id not in t.left_out and len(t.scores or ()) == len(library) - len(image_moves)
+
+
+@pytest.mark.parametrize("action", IMAGE_MOVES)
+@pytest.mark.parametrize("how", ["binary-2", "candidates", "freeform"])
+async def test_without_an_image_tool_and_any_moves_never_decode_an_image_call(
+        torch_engine: Any, demo_tools: Any, action: str, how: str) -> None:
+    """A ``tool`` or ``any`` rationale, or freeform reasoning, chooses among the moves that can run,
+    however likely the model finds the opening of an image move."""
+    probe = Agent(torch_engine, demo_tools, LibraryRegistry())
+    opening = probe.chat.encode(probe.format.action_opening(action))  # type: ignore[arg-type]
+    agent = Agent(PreferOpening(torch_engine, opening), demo_tools, LibraryRegistry())
+    options = {"binary-2": RunOptions(library="binary-2", tau=1.0, seed=1, max_turns=3),
+               "candidates": RunOptions(candidates=("Use whatever helps.",), max_turns=3),
+               "freeform": RunOptions(mode="freeform", max_turns=3, reasoning_budget=8)}[how]
+    run, ctx = await agent.run_with_context("What does the sign say?", [], options)
+    check_run_invariants(run, options, agent.library_for(options), ctx)
+    assert run.turns and all(t.action_type in ("text_search", "answer") for t in run.turns)
+    assert all(not t.left_out for t in run.turns)  # these rationales keep a move that can run
+    assert all(t.error is None or "image" not in t.error for t in run.turns)
+
+
+async def test_a_library_of_image_moves_only_is_refused_without_an_image(torch_engine: Any, demo_tools: Any,
+                                                                       tmp_path: Path) -> None:
+    write_library(tmp_path, "image-moves", [("search", "Search with the image.", "image_search"),
+                                            ("zoom", "Zoom into the detail.", "zoom")])
+    agent = Agent(torch_engine, demo_tools, LibraryRegistry(extra_dirs=[tmp_path]))
+    before = counter(metrics.RUNS, mode="ssr", outcome="error")
+    with pytest.raises(InvalidRequest, match="can act without an image"):
+        await agent.run("What is this?", [], RunOptions(library="image-moves"))
+    assert counter(metrics.RUNS, mode="ssr", outcome="error") == before  # refused, not run
 
 
 async def test_semantically_invalid_zooms_become_observations(torch_engine: Any, demo_tools: Any,
@@ -325,7 +400,8 @@ async def test_label_only_scores_and_pastes_the_labels(agent: Agent) -> None:
             idx = library.ids.index(t.candidate_id)  # type: ignore[arg-type]
             assert t.reasoning == f"[{order.index(idx)}]"
             assert t.action_type == library.candidates[idx].action
-            assert t.scored_tokens == sum(len(x) for x in labels)  # only the short labels were scored
+            scored = [x for i, x in enumerate(labels) if library.ids[i] not in t.left_out]
+            assert t.scored_tokens == sum(len(x) for x in scored)  # only the short labels were scored
 
 
 async def test_same_seed_same_run(agent: Agent) -> None:
@@ -344,7 +420,8 @@ async def test_tau_zero_picks_the_argmax(agent: Agent) -> None:
     for t in run.turns:
         assert t.scores is not None and t.q is not None
         best = int(np.argmax(t.scores))
-        assert agent.libraries.get("default").ids[best] == t.candidate_id
+        scored = [c for c in agent.libraries.get("default").ids if c not in t.left_out]
+        assert scored[best] == t.candidate_id
         assert t.q[best] == pytest.approx(1.0)
 
 

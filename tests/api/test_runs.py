@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -11,9 +12,9 @@ import pytest
 
 OUTCOMES = {"answered", "max_turns", "error", "cancelled", "timeout", "context_limit"}
 RUN_FIELDS = {"id", "question", "mode", "library", "outcome", "answer", "error", "turns", "timings", "usage"}
-TURN_FIELDS = {"index", "mode", "candidate_id", "reasoning", "scores", "q", "action_type", "tool_name",
-               "argument", "arguments", "action_text", "observation", "observation_ok", "tool_data", "error",
-               "reasoning_span", "action_span",
+TURN_FIELDS = {"index", "mode", "candidate_id", "reasoning", "scores", "q", "left_out", "action_type",
+               "tool_name", "argument", "arguments", "action_text", "observation", "observation_ok",
+               "tool_data", "error", "reasoning_span", "action_span",
                "context_tokens", "cached_tokens",
                "scored_tokens", "reasoning_tokens", "action_tokens", "reasoning_s", "action_s", "tool_s",
                "turn_s"}
@@ -62,7 +63,9 @@ def check_run(run: dict[str, Any], body: dict[str, Any], library: dict[str, Any]
             assert t["reasoning"] == cand["text"]
             if cand["action"] not in ("any", "tool"):
                 assert t["action_type"] == cand["action"]
-            assert len(t["scores"]) == len(t["q"]) == len(library["candidates"])
+            assert set(t["left_out"]) <= {c["id"] for c in library["candidates"]}
+            assert t["candidate_id"] not in t["left_out"]
+            assert len(t["scores"]) == len(t["q"]) == len(library["candidates"]) - len(t["left_out"])
             assert math.isclose(sum(t["q"]), 1.0, abs_tol=1e-6)
             assert t["scored_tokens"] > 0 and t["reasoning_tokens"] == 0
         else:
@@ -165,6 +168,48 @@ def test_other_library(client: httpx.Client) -> None:
     run = r.json()
     assert run["library"] == name
     check_run(run, body, libs[name])
+
+
+def test_a_run_without_an_image_never_zooms_or_searches_by_image(client: httpx.Client, png_b64: str,
+                                                                 default_library: dict[str, Any]) -> None:
+    """The rationales whose move needs an image are left out of the selection (the turn says so), and no
+    image move is decoded, whatever is sampled."""
+    image_moves = {c["id"] for c in default_library["candidates"] if c["action"] in ("zoom", "image_search")}
+    for seed in range(3):
+        body = {"question": "Which city is the capital of France?", "tau": 5.0, "seed": seed, "max_turns": 3,
+                "action_temperature": 1.0}
+        r = client.post("/v1/agent/runs", json=body)
+        assert r.status_code == 200, r.text
+        run = r.json()
+        check_run(run, body, default_library)
+        for t in run["turns"]:
+            assert t["action_type"] in ("text_search", "answer"), t["action_text"]
+            assert set(t["left_out"]) == image_moves
+            assert all("needs an image" in why for why in t["left_out"].values())
+    with_image = client.post("/v1/agent/runs", json={"question": "What is it?", "max_turns": 1,
+                                                     "images": [png_b64]}).json()
+    assert with_image["turns"][0]["left_out"] == {}
+
+
+def test_a_library_of_image_moves_needs_an_image(serve: Any, tmp_path: Path, png_b64: str,
+                                                 error_shape: Callable[..., dict[str, Any]]) -> None:
+    """Refused before it runs (it would only fail, as its zooms once did: "images 0 to -1 are
+    available"); with an image it runs."""
+    from ssr_server.core.config import Settings
+
+    (tmp_path / "look.yaml").write_text(
+        "name: look\ndescription: image moves only\ncandidates:\n"
+        "  - id: zoom\n    text: Zoom into the detail.\n    action: zoom\n"
+        "  - id: search\n    text: Search with the image.\n    action: image_search\n", encoding="utf-8")
+    with serve(Settings(library_dirs=[str(tmp_path)])) as url:
+        bare = {"question": "What is it?", "library": "look"}
+        r = httpx.post(f"{url}/v1/agent/runs", json=bare, timeout=60)
+        err = error_shape(r, 400, "invalid_request")
+        assert "without an image" in err["message"]
+        body = {"question": "What is it?", "library": "look", "images": [png_b64], "max_turns": 1}
+        r = httpx.post(f"{url}/v1/agent/runs", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["turns"][0]["action_type"] in ("zoom", "image_search")
 
 
 # ---- streaming ---------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 import torch
 import xgrammar as xgr
 
-from ssr_server.core.actions import ACTIONS, ALL_ACTIONS, TOOL_ACTIONS, allowed_actions
+from ssr_server.core.actions import ACTIONS, ALL_ACTIONS, TOOL_ACTIONS, allowed_actions, possible_actions
 from ssr_server.core.errors import ActionParseError
 from ssr_server.core.limits import MAX_LABEL_CHARS, MAX_QUERY_CHARS
 
@@ -22,6 +22,30 @@ def test_allowed_actions() -> None:
     assert allowed_actions("any") == ALL_ACTIONS
     with pytest.raises(ValueError):
         allowed_actions("dance")
+
+
+def test_without_an_image_only_the_moves_that_can_run_are_possible() -> None:
+    assert possible_actions("any", 0) == ("text_search", "answer")
+    assert possible_actions("tool", 0) == ("text_search",)
+    assert possible_actions("zoom", 0) == possible_actions("image_search", 0) == ()
+    for action in ("any", "tool", "zoom", "image_search", "text_search", "answer"):
+        assert possible_actions(action, 1) == allowed_actions(action)
+
+
+@pytest.mark.parametrize("action", ["zoom", "image_search"])
+def test_an_image_move_has_no_grammar_and_no_call_without_an_image(action: str) -> None:
+    with pytest.raises(ValueError, match="needs an image"):
+        ACTIONS[action].arguments_schema(0)
+    args = {"bbox_2d": [0, 0, 10, 10], "label": "a", "img_idx": 0} if action == "zoom" else {}
+    with pytest.raises(ActionParseError, match="needs an image and there is none"):
+        ACTIONS[action].to_call(args, 0)
+
+
+@pytest.mark.parametrize(("n_images", "told"), [(1, "image 0 is the only one"),
+                                                 (3, "images 0 to 2 are available")])
+def test_a_missing_image_index_is_told_plainly(n_images: int, told: str) -> None:
+    with pytest.raises(ActionParseError, match=told):
+        ACTIONS["zoom"].to_call({"bbox_2d": [0, 0, 10, 10], "label": "a", "img_idx": 5}, n_images)
 
 
 @pytest.mark.parametrize(("action", "args", "n_images"), [

@@ -226,6 +226,16 @@ async def test_seeded_sampling(engine: TorchEngine, contexts: dict[str, Context]
     assert await sample(4, top_p=1e-6) == greedy_tokens  # so is a vanishing nucleus
 
 
+async def test_a_vanishing_temperature_is_greedy_not_nan(engine: TorchEngine,
+                                                        contexts: dict[str, Context]) -> None:
+    """logits / 1e-197 are infinities whose softmax is NaN: a client's tiny temperature gave a 500."""
+    ctx = contexts["text"]
+    greedy_tokens = (await engine.generate(ctx, greedy(12))).token_ids
+    for t in (1e-197, 1e-30, 5e-7):
+        g = await engine.generate(ctx, GenerationParams(max_new_tokens=12, temperature=t, seed=1))
+        assert g.token_ids == greedy_tokens, t
+
+
 # ---------------------------------------------------------------- concurrency
 
 

@@ -53,11 +53,14 @@ def serve(torch_engine: Any, demo_tools: Any) -> Callable[..., contextlib.Abstra
         import uvicorn
 
         from ssr_server.api.app import create_app
+        from ssr_server.api.connections import server_config
 
         port = _free_port()
-        app = create_app(settings or Settings(), engine=torch_engine, tools=demo_tools)
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=graceful_s)
+        settings = settings or Settings()
+        app = create_app(settings, engine=torch_engine, tools=demo_tools)
+        # The same protocol and bounds as `ssr-server serve` (header timeout, connection cap, ...).
+        config = server_config(app, settings, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
+                               timeout_graceful_shutdown=graceful_s)
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True, name=f"hardening-uvicorn-{port}")
         thread.start()

@@ -39,8 +39,12 @@ def _openapi() -> dict[str, Any]:
     this nearly every generated run is refused up front (``max_turns`` over the server's limit, an
     empty ``candidates`` list) and the agent loop is never reached."""
     from ssr_server.api.app import create_app
+    from ssr_server.api.openai.protocol import describe_server
+    from ssr_server.core.library import LibraryRegistry
 
-    doc = create_app(Settings()).openapi()
+    # The served model and libraries, as a deployment's document names them: otherwise every chat
+    # completion is refused as an unknown model and the route's work is never fuzzed.
+    doc = describe_server(create_app(Settings()).openapi(), "ssr-tiny", LibraryRegistry().names())
     schemas = doc["components"]["schemas"]
     run = schemas["RunRequest"]["properties"]
     _branch(run["max_turns"], "integer")["maximum"] = 2
@@ -51,6 +55,10 @@ def _openapi() -> dict[str, Any]:
         cands.update(minItems=1, maxItems=4)
         cands["items"].update(minLength=1, maxLength=400)
     schemas["SelectRequest"]["properties"]["messages"]["maxItems"] = 8
+    chat = schemas["ChatCompletionRequest"]["properties"]
+    for cap in ("max_tokens", "max_completion_tokens"):
+        _branch(chat[cap], "integer")["maximum"] = 64
+    schemas["SSRExtension"]["properties"]["reasoning_budget"]["maximum"] = 32
     return doc
 
 

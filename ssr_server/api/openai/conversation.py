@@ -14,7 +14,13 @@ from dataclasses import dataclass, replace
 from ssr_server.agent.chat import Message, PendingMessage, Role, ToolCallRecord
 from ssr_server.agent.completion import ClientTool, ReasoningMemory, ToolChoice
 from ssr_server.api import request_limits as limits
-from ssr_server.api.openai.protocol import ChatCompletionRequest, ChatMessage, ImagePart
+from ssr_server.api.openai.protocol import (
+    AssistantMessage,
+    ChatCompletionRequest,
+    ChatMessage,
+    ImagePart,
+    ToolMessage,
+)
 from ssr_server.core.config import Settings
 from ssr_server.core.errors import InvalidRequest, PayloadTooLarge
 from ssr_server.core.protocol import ImageRef
@@ -78,11 +84,12 @@ def conversation(s: Settings, body: ChatCompletionRequest) -> Conversation:
     for i, m in enumerate(body.messages):
         if m.role in ("system", "developer") and i != 0:
             raise InvalidRequest("a system (or developer) message may only come first")
-        if m.role == "tool" and not m.tool_call_id:
+        if isinstance(m, ToolMessage) and not m.tool_call_id:
             raise InvalidRequest(f"messages[{i}]: a tool message needs tool_call_id")
         message = PendingMessage(_ROLES[m.role], _pieces(m, specs))
         texts += message.texts()
-        texts += [c.function.arguments for c in m.tool_calls or ()]
+        if isinstance(m, AssistantMessage):
+            texts += [c.function.arguments for c in m.tool_calls or ()]
         pending.append(message)
     limits.check_messages(s, len(body.messages))
     limits.check_images(s, len(specs))
@@ -118,7 +125,7 @@ def messages(conv: Conversation, images: Sequence[ImageRef], memory: ReasoningMe
 
 
 def _message(m: ChatMessage, message: Message, memory: ReasoningMemory) -> Message:
-    if message.role != "assistant":
+    if not isinstance(m, AssistantMessage):
         return message
     calls = []
     reasoning = m.reasoning_content

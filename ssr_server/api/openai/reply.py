@@ -37,7 +37,7 @@ class Reply:
 
     def _ssr(self, c: Completion) -> dict[str, Any]:
         t = c.turn
-        return {"candidate_id": c.candidate_id, "scores": t.scores, "q": t.q,
+        return {"candidate_id": c.candidate_id, "scores": t.scores, "q": t.q, "left_out": t.left_out,
                 "reasoning_s": t.reasoning_s, "action_s": t.action_s, "error": t.error}
 
     def _calls(self, c: Completion) -> list[dict[str, Any]]:

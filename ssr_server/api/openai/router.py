@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from ssr_server.api.admission import acquire_or_disconnect
+from ssr_server.api.gate import admitted
 from ssr_server.api.openai import serving
 from ssr_server.api.openai.protocol import ChatCompletionRequest
 from ssr_server.api.state import app_state
@@ -25,9 +25,10 @@ async def list_models(request: Request) -> dict[str, Any]:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     st = app_state(request)
     prepared = serving.prepare(st, body)
-    # Admission before any image is fetched or decoded, so that a refused request costs no image work.
-    ticket = await acquire_or_disconnect(st.admission, request)
-    if ticket is None:  # the client left while queued
+    # The slot was taken from the headers (api.gate.AdmissionGate), before the body was read: a
+    # refused request cost no body parsing and no image work; an error above gives it back there.
+    ticket = await admitted(st.admission, request)
+    if ticket is None:  # the client left while queued (only behind no gate)
         return client_closed()
     return await serving.complete(st, prepared, ticket, request)
 

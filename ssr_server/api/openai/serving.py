@@ -108,9 +108,10 @@ async def complete(st: AppState, req: Prepared, ticket: Ticket, request: Request
         raise
 
     async def turn(on_reasoning: ReasoningCallback | None = None) -> Completion:
-        async with asyncio.timeout(st.settings.run_deadline_s):
-            done = await completer.complete(ctx, req.library, req.tools, req.choice, req.options,
-                                            on_reasoning)
+        # The completer keeps the deadline itself, so that a completion past it is a 504 counted as a
+        # ``timeout`` run, not a bare cancellation that would leave as a 500.
+        done = await completer.complete(ctx, req.library, req.tools, req.choice, req.options, on_reasoning,
+                                        deadline_s=st.settings.run_deadline_s)
         if done.tool_name is not None:
             memory.remember(reply.call_id, done.reasoning)
         return done

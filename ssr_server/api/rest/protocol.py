@@ -50,6 +50,9 @@ class TurnOut(BaseModel):
     reasoning: str
     scores: list[float] | None
     q: list[float] | None
+    left_out: dict[str, str] = Field(
+        default_factory=dict, description="candidates not scored this turn, by id, and why (e.g. a zoom "
+                                          "in a run without an image); scores and q skip them")
     action_type: str | None
     tool_name: str | None
     argument: str

@@ -8,7 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ssr_server.api.admission import acquire_or_disconnect
+from ssr_server.api.gate import admitted, admitted_slot
 from ssr_server.api.rest import serving
 from ssr_server.api.rest.protocol import LibraryOut, RunRequest, RunResponse, SelectRequest, SelectResponse
 from ssr_server.api.state import app_state
@@ -32,9 +32,10 @@ async def libraries(request: Request) -> list[LibraryOut]:
 async def create_run(body: RunRequest, request: Request) -> Any:
     st = app_state(request)
     options = serving.run_options(st, body)
-    # Admission before any image is fetched or decoded: a refused request (429) costs no image work.
-    ticket = await acquire_or_disconnect(st.admission, request)
-    if ticket is None:  # the client left while queued
+    # The slot was taken from the headers (api.gate.AdmissionGate), before the body was read: a
+    # refused request (429) cost no body parsing and no image work; a 4xx above gives it back there.
+    ticket = await admitted(st.admission, request)
+    if ticket is None:  # the client left while queued (only behind no gate)
         return client_closed()
     return await serving.run(st, body, options, ticket, request)
 
@@ -45,7 +46,7 @@ async def select_route(body: SelectRequest, request: Request) -> SelectResponse:
     when the messages hold no system message)."""
     st = app_state(request)
     selection = serving.prepare_selection(st, body)
-    async with st.admission.slot():  # 429 before any image is fetched or decoded
+    async with admitted_slot(st.admission, request):  # taken from the headers, before the body
         return await serving.select(st, body, selection)
 
 

@@ -68,7 +68,9 @@ def run_options(st: AppState, body: RunRequest) -> RunOptions:
         seed=body.seed, label_only=body.label_only, reasoning_budget=body.reasoning_budget,
         action_temperature=body.action_temperature, tool_timeout_s=s.tool_timeout_s)
     options.validate()
-    st.agent.library_for(options)  # unknown library -> 404 before any work
+    library = st.agent.library_for(options)  # unknown library -> 404 before any work
+    if options.mode == "ssr":  # a library none of whose moves can run without an image -> 400
+        st.agent.check_can_act(library, len(body.images))
     return options
 
 

@@ -7,13 +7,17 @@ write through it, so a checkpoint trained on a format sees exactly that format e
 
 Templates use ``str.format`` fields (``{text}``, ``{role}``, ...); the two long system-prompt texts use
 ``string.Template`` (``$tools``), because they contain literal JSON braces.
+
+What a client may have written (candidate texts, a tool's definition, a tool call's arguments) is passed
+through the ``escape`` a method is given (the chat renderer's escaper) before it is placed in a template;
+the format's own text never is. Without one (the lab, rendering its own libraries) nothing is escaped.
 """
 
 from __future__ import annotations
 
 import json
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,6 +32,11 @@ from ssr_server.core.protocol import Grammar
 
 FORMATS_DIR = Path(__file__).resolve().parent
 DEFAULT_FORMAT = "ssr"
+Escape = Callable[[str], str]
+
+
+def _verbatim(text: str) -> str:
+    return text
 
 
 class _Strict(BaseModel):
@@ -132,8 +141,8 @@ class PromptFormat:
         names = [self.tool_names[a] if a in TOOL_ACTIONS else a for a in allowed_actions(candidate.action)]
         return ", ".join(names)
 
-    def system_prompt(self, library: Library) -> str:
-        lines = [self.strategy_line.format(index=shown, text=library.candidates[i].text,
+    def system_prompt(self, library: Library, escape: Escape = _verbatim) -> str:
+        lines = [self.strategy_line.format(index=shown, text=escape(library.candidates[i].text),
                                            actions=self.expected_actions(library.candidates[i]))
                  for shown, i in enumerate(self.display_order(library))]
         tools = "\n".join(json.dumps(t, ensure_ascii=False) for t in self.tools)
@@ -142,10 +151,11 @@ class PromptFormat:
                 + self.body.substitute(tools=tools))
 
     # ---- reasoning -----------------------------------------------------------------------------
-    def candidate_surfaces(self, library: Library, label_only: bool = False) -> tuple[str, ...]:
+    def candidate_surfaces(self, library: Library, label_only: bool = False,
+                           escape: Escape = _verbatim) -> tuple[str, ...]:
         """What is scored for each candidate (library order), and pasted verbatim when chosen."""
         if not label_only:
-            return tuple(self.reasoning.candidate.format(text=c.text) for c in library.candidates)
+            return tuple(self.reasoning.candidate.format(text=escape(c.text)) for c in library.candidates)
         shown = {i: n for n, i in enumerate(self.display_order(library))}
         return tuple(self.reasoning.candidate.format(text=self.reasoning.label.format(index=shown[i]))
                      for i in range(len(library.candidates)))
@@ -168,9 +178,10 @@ class PromptFormat:
         close = json.dumps(self.actions.answer.close)
         return Grammar("ebnf", rf"root ::= [^<\x00-\x20] [^<\x00-\x08\x0b-\x1f]* {close}")
 
-    def tool_call_text(self, action: ActionName, arguments: Mapping[str, Any]) -> str:
+    def tool_call_text(self, action: ActionName, arguments: Mapping[str, Any],
+                       escape: Escape = _verbatim) -> str:
         """A whole tool call as the format writes it (history rendering, oracle trajectories)."""
-        return (self.action_opening(action) + json.dumps(dict(arguments), ensure_ascii=False)
+        return (self.action_opening(action) + escape(json.dumps(dict(arguments), ensure_ascii=False))
                 + self.action_closing(action))
 
     def tool_action(self, tool_name: str) -> ActionName | None:
@@ -195,10 +206,12 @@ class PromptFormat:
                          for i in range(n_images))
         return self.user.text.format(question=question, images=images)
 
-    def client_tools_block(self, tools: Sequence[Mapping[str, Any]]) -> str:
+    def client_tools_block(self, tools: Sequence[Mapping[str, Any]], escape: Escape = _verbatim) -> str:
         """The system-prompt section advertising a client's tools (``{"type": "function", ...}``
-        entries), written as Qwen's chat template writes them (``tojson``: default separators)."""
-        lines = "".join("\n" + json.dumps(dict(t), ensure_ascii=False) for t in tools)
+        entries), written as Qwen's chat template writes them (``tojson``: default separators). Each
+        entry's JSON line is escaped whole: a marker cannot span JSON's quotes, so this neutralises what
+        escaping every string would, and also a line that is an added token of its own."""
+        lines = "".join("\n" + escape(json.dumps(dict(t), ensure_ascii=False)) for t in tools)
         return self.client_tools.format(tools=lines)
 
     def observation_turn(self, text: str) -> str:

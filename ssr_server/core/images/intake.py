@@ -81,13 +81,15 @@ def decode_image_bytes(data: bytes, limits: ImageLimits) -> ImageRef:
         rgb = _downscale(img if img.mode == "RGB" else img.convert("RGB"), limits.keep_pixels)
     except (InvalidImage, PayloadTooLarge):
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise PayloadTooLarge(f"image rejected as a decompression bomb: {public_message(str(exc))}") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        # Pillow refuses at open, before our own check can run, images past twice its own limit; its
+        # message quotes that limit, not the server's.
+        raise PayloadTooLarge(f"image has more pixels than the limit of {limits.max_pixels}") from None
     except UnidentifiedImageError:
         raise InvalidImage(f"image format not recognised; use one of {sorted(ALLOWED_FORMATS)}") from None
-    except Exception as exc:  # Pillow raises many types for broken files
-        raise InvalidImage(f"image could not be decoded: {type(exc).__name__}: "
-                           f"{public_message(str(exc))}") from None
+    except Exception as exc:  # Pillow raises many types for broken files; its words say what is broken
+        why = public_message(str(exc)) or "the file is damaged"
+        raise InvalidImage(f"image could not be decoded: {why}") from None
     return ImageRef.from_pil(rgb)
 
 

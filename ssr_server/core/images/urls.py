@@ -16,6 +16,7 @@ import asyncio
 import ipaddress
 import re
 import socket
+import ssl
 from dataclasses import dataclass
 
 import httpx
@@ -105,9 +106,8 @@ async def _resolve(target: _Target, limits: ImageLimits) -> str:
         loop = asyncio.get_running_loop()
         try:
             infos = await loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as exc:
-            raise InvalidImage(f"image URL host {target.host!r} does not resolve: "
-                               f"{public_message(str(exc))}") from None
+        except (OSError, UnicodeError):
+            raise InvalidImage(f"image URL host {target.host!r} does not resolve") from None
         addrs = list(dict.fromkeys(str(i[4][0]) for i in infos))
     if not limits.allow_private:
         for a in addrs:
@@ -160,9 +160,41 @@ async def _fetch(url: httpx.URL, limits: ImageLimits, client: httpx.AsyncClient)
                         raise PayloadTooLarge(f"image at URL is over the {limits.max_bytes}-byte limit")
                 return bytes(buf)
         except (httpx.HTTPError, httpx.StreamError, *_URL_ERRORS) as exc:
-            raise InvalidImage(f"fetching the image URL failed: {type(exc).__name__}: "
-                               f"{public_message(str(exc))}") from None
+            raise InvalidImage(f"fetching the image URL failed: {_why(exc, t)}") from None
     raise InvalidImage(f"image URL redirected more than {limits.max_redirects} times")
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return chain
+
+
+def _why(exc: BaseException, target: _Target) -> str:
+    """Our words for a failed fetch: the TLS library's and httpx's texts name their own files and
+    internals (``certificate verify failed: ... (_ssl.c:1006)``), which a client has no use for."""
+    where = f"{target.host}:{target.port}"
+    causes = _causes(exc)
+    if any(isinstance(c, ssl.SSLCertVerificationError) for c in causes):
+        return f"the TLS certificate of {where} could not be verified"
+    if any(isinstance(c, ssl.SSLError) for c in causes):
+        return f"the TLS handshake with {where} failed"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{where} did not answer in time"
+    if isinstance(exc, httpx.ConnectError):
+        return f"could not connect to {where}"
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return f"{where} did not answer with valid HTTP"
+    if isinstance(exc, httpx.NetworkError):
+        return f"the connection to {where} broke"
+    if isinstance(exc, httpx.DecodingError):
+        return f"{where} sent a body that could not be decoded"
+    if isinstance(exc, _URL_ERRORS):
+        return "the URL cannot be fetched"
+    return f"{where}: the request failed"
 
 
 def _redirect(url: httpx.URL, location: str) -> httpx.URL:

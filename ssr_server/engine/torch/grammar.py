@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ssr_server.core.errors import InvalidRequest
+from ssr_server.core.errors import InvalidRequest, public_message
 from ssr_server.core.protocol import Grammar
 
 MAX_COMPILED = 256  # distinct grammars kept (tool schemas: a handful per deployment)
@@ -76,9 +76,15 @@ class GrammarCache:
                 return compiler.compile_grammar(grammar.source)
             if grammar.kind == "regex":
                 return compiler.compile_regex(grammar.source)
-        except Exception as exc:  # xgrammar raises RuntimeError with the parser's message
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            return InvalidRequest(f"{grammar.kind} grammar does not compile: {first[:300]}")
+        except json.JSONDecodeError as exc:
+            return InvalidRequest(f"the JSON schema is not valid JSON ({exc.msg} at character {exc.pos})")
+        except Exception as exc:
+            # xgrammar raises RuntimeError("[21:35:40] /project/cpp/json_schema_converter.cc:5082: properties
+            # must be an object"): the reason is worth passing on, its log prefix is not.
+            first = public_message(str(exc).strip().splitlines()[0]) if str(exc).strip() else ""
+            what = {"json_schema": "JSON schema", "ebnf": "EBNF grammar", "regex": "regular expression"}
+            return InvalidRequest(f"the {what.get(grammar.kind, grammar.kind)} cannot be used to constrain "
+                                  f"decoding: {first[:300] or 'it does not compile'}")
         return InvalidRequest(f"unknown grammar kind {grammar.kind!r}; use json_schema, ebnf or regex")
 
     def state(self, compiled: Any) -> GrammarState:

@@ -1,4 +1,8 @@
-"""Next-token choice: greedy, or seeded temperature / top-k / top-p."""
+"""Next-token choice: greedy, or seeded temperature / top-k / top-p.
+
+A temperature below ``SAMPLING_EPS`` is greedy, as in SGLang: dividing logits by 1e-197 gives
+infinities whose softmax is NaN (a client sent exactly that, and got a 500 from ``multinomial``).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,14 @@ import torch
 
 from ssr_server.core.protocol import GenerationParams
 
+SAMPLING_EPS = 1e-6
+
 
 class Sampler:
     def __init__(self, params: GenerationParams, device: torch.device) -> None:
         self.params = params
         self.generator: torch.Generator | None = None
-        if params.temperature > 0:
+        if params.temperature >= SAMPLING_EPS:
             self.generator = torch.Generator(device=device)  # on the logits' device
             if params.seed is not None:
                 self.generator.manual_seed(params.seed)
@@ -21,7 +27,7 @@ class Sampler:
     def __call__(self, logits: torch.Tensor) -> int:
         """Pick from ``logits`` (vocab,) float32, on the device the sampler was made for."""
         p = self.params
-        if p.temperature <= 0:
+        if p.temperature < SAMPLING_EPS:
             return int(torch.argmax(logits))
         scaled = logits / p.temperature
         if p.top_k > 0:
