@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -46,29 +45,13 @@ def held(torch_engine: Any) -> Held:
 
 @pytest.fixture(scope="module")
 def url(held: Held, demo_tools: Any) -> Iterator[str]:
-    import socket
+    from ssr_server.bench.serve import live_server
 
-    import uvicorn
-
-    from ssr_server.api.app import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    app = create_app(Settings(), engine=held, tools=demo_tools)  # type: ignore[arg-type]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        held.release.set()
-        server.should_exit = True
-        thread.join(30)
+    with live_server(Settings(), held, demo_tools) as url:
+        try:
+            yield url
+        finally:
+            held.release.set()  # nothing may stay held past the module: the server must stop
 
 
 @pytest.mark.parametrize("stream", [False, True])

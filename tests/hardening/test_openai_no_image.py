@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -57,27 +54,10 @@ class PreferImageMoves:
 
 @pytest.fixture(scope="module")
 def url(torch_engine: Any, demo_tools: Any) -> Iterator[str]:
-    import uvicorn
+    from ssr_server.bench.serve import live_server
 
-    from ssr_server.api.app import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    engine = PreferImageMoves(torch_engine, demo_tools)
-    app = create_app(Settings(), engine=engine, tools=demo_tools)  # type: ignore[arg-type]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with live_server(Settings(), PreferImageMoves(torch_engine, demo_tools), demo_tools) as url:
+        yield url
 
 
 def chat(url: str, **extra: Any) -> httpx.Response:
