@@ -247,10 +247,8 @@ class Completer:
         finally:
             # What the agent loop records for a run, for this run of one turn.
             metrics.RUNS_IN_FLIGHT.dec()
-            metrics.RUNS.labels(mode=options.mode, outcome=outcome).inc()
-            metrics.RUN_SECONDS.labels(mode=options.mode).observe(time.perf_counter() - t0)
-            metrics.RUN_MODEL_SECONDS.labels(mode=options.mode).observe(turn.reasoning_s + turn.action_s)
-            metrics.RUN_TURNS.labels(mode=options.mode).observe(1 if turn.action_type is not None else 0)
+            metrics.observe_run(options.mode, outcome, time.perf_counter() - t0,
+                                turn.reasoning_s + turn.action_s, 1 if turn.action_type is not None else 0)
 
     async def _turn(self, ctx: Context, library: Library, tools: Sequence[ClientTool],
                     options: CompletionOptions, on_reasoning: ReasoningCallback | None, turn: Turn,

@@ -153,10 +153,7 @@ class Agent:
             metrics.RUNS_IN_FLIGHT.dec()
             run.total_s = time.perf_counter() - started
             run.prompt_tokens = len(ctx[0])
-            metrics.RUNS.labels(mode=run.mode, outcome=run.outcome).inc()
-            metrics.RUN_SECONDS.labels(mode=run.mode).observe(run.total_s)
-            metrics.RUN_MODEL_SECONDS.labels(mode=run.mode).observe(run.model_s)
-            metrics.RUN_TURNS.labels(mode=run.mode).observe(len(run.turns))
+            metrics.observe_run(run.mode, run.outcome, run.total_s, run.model_s, len(run.turns))
         return run, ctx[0]
 
     async def _turns(self, run: Run, state: list[Context], library: Library, options: RunOptions,

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ssr_server.core import metrics
 from ssr_server.core.errors import Overloaded, ShuttingDown
@@ -68,7 +68,7 @@ class Admission:
         except BaseException:  # cancelled while queued (client gone, shutdown)
             self.queued -= 1
             self._maybe_idle()
-            if me is not None and self._was_cut(me):
+            if me is not None and self.was_cut(me):
                 raise ShuttingDown(EXPIRED) from None
             raise
         finally:
@@ -88,7 +88,7 @@ class Admission:
         if self.running == 0 and self.queued == 0:
             self._idle.set()
 
-    def _was_cut(self, task: asyncio.Task[object]) -> bool:
+    def was_cut(self, task: asyncio.Task[object]) -> bool:
         """True (and the cancellation taken back) when ``expire`` cancelled ``task``."""
         if task not in self._cut:
             return False
@@ -171,10 +171,7 @@ class Ticket:
         try:
             return await work
         except asyncio.CancelledError:
-            cut = me is not None and self._owner._was_cut(me)
-            self.release()
-            if cut:
-                raise ShuttingDown(EXPIRED) from None
+            self._release_cancelled(me)
             raise
         except BaseException:
             self.release()
@@ -193,13 +190,17 @@ class Ticket:
                 self.bind(me)
             yield self
         except asyncio.CancelledError:
-            cut = me is not None and self._owner._was_cut(me)
-            self.release()
-            if cut:
-                raise ShuttingDown(EXPIRED) from None
+            self._release_cancelled(me)
             raise
         finally:
             self.release()
+
+    def _release_cancelled(self, me: asyncio.Task[Any] | None) -> None:
+        """Free the slot of work that was cancelled; raise ``ShuttingDown`` if the drain's deadline cut it."""
+        cut = me is not None and self._owner.was_cut(me)
+        self.release()
+        if cut:
+            raise ShuttingDown(EXPIRED) from None
 
     def release(self, *_: object) -> None:
         if self._released:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Protocol
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -90,7 +89,7 @@ class AdmissionGate:
         try:
             await self.app(scope, receive, sending)
         except asyncio.CancelledError:
-            if me is None or not adm._was_cut(me):
+            if me is None or not adm.was_cut(me):
                 raise
             if not answered:  # the drain's deadline came before the route took the slot
                 await _refuse(ShuttingDown(EXPIRED), scope, receive, send)
@@ -149,43 +148,19 @@ async def _refuse(exc: Overloaded | ShuttingDown, scope: Scope, receive: Receive
     await resp(scope, receive, send)
 
 
-class AdmittedRequest(Protocol):
-    @property
-    def scope(self) -> Scope: ...
-
-    async def is_disconnected(self) -> bool: ...
-
-
-async def admitted(admission: Admission, request: AdmittedRequest) -> Ticket | None:
-    """The request's slot: the one ``AdmissionGate`` took from its headers; behind no gate (an app
-    mounted under another path), one acquired now. None when the client left while queued."""
-    held = request.scope.get(TICKET)
-    if isinstance(held, Ticket):
-        return held.claim()
-    return await acquire_or_disconnect(admission, request)
+def admitted(scope: Scope) -> Ticket:
+    """The request's slot, the one ``AdmissionGate`` took from its headers (the route now owns it)."""
+    held = scope.get(TICKET)
+    if not isinstance(held, Ticket):  # a route of ADMITTED_PATHS served without the gate: a wiring bug
+        raise RuntimeError(f"{scope.get('path')} reached its route without an admission ticket")
+    return held.claim()
 
 
 @contextlib.asynccontextmanager
-async def admitted_slot(admission: Admission, request: AdmittedRequest) -> AsyncIterator[Ticket]:
+async def admitted_slot(scope: Scope) -> AsyncIterator[Ticket]:
     """``admitted`` for work done by the route's own task (``Ticket.hold``)."""
-    held = request.scope.get(TICKET)
-    if isinstance(held, Ticket):
-        async with held.claim().hold() as ticket:
-            yield ticket
-    else:
-        async with admission.slot() as ticket:
-            yield ticket
-
-
-async def acquire_or_disconnect(admission: Admission, request: AdmittedRequest) -> Ticket | None:
-    """Wait for an admission slot once the body was read; a client that goes away while queued gives
-    its place back (None)."""
-
-    async def gone() -> None:
-        while not await request.is_disconnected():  # noqa: ASYNC110  (no event to wait on: a poll)
-            await asyncio.sleep(0.25)
-
-    return await acquire_unless(admission, gone)
+    async with admitted(scope).hold() as ticket:
+        yield ticket
 
 
 async def acquire_unless(admission: Admission, gone: Callable[[], Awaitable[object]]) -> Ticket | None:

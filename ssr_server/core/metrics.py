@@ -72,6 +72,14 @@ def observe_turn(mode: str, reasoning_s: float, action_s: float, turn_s: float,
     GENERATED_TOKENS.labels(mode=mode).inc(generated_tokens)
 
 
+def observe_run(mode: str, outcome: str, total_s: float, model_s: float, turns: int) -> None:
+    """One finished run (the agent loop's, or a chat completion: a run of one turn)."""
+    RUNS.labels(mode=mode, outcome=outcome).inc()
+    RUN_SECONDS.labels(mode=mode).observe(total_s)
+    RUN_MODEL_SECONDS.labels(mode=mode).observe(model_s)
+    RUN_TURNS.labels(mode=mode).observe(turns)
+
+
 HISTOGRAM_NAMES: tuple[str, ...] = (
     "ssr_reasoning_seconds", "ssr_action_seconds", "ssr_tool_seconds", "ssr_turn_seconds",
     "ssr_run_seconds", "ssr_run_model_seconds", "ssr_run_turns",

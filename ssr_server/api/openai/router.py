@@ -11,7 +11,6 @@ from ssr_server.api.gate import admitted
 from ssr_server.api.openai import serving
 from ssr_server.api.openai.protocol import ChatCompletionRequest
 from ssr_server.api.state import app_state
-from ssr_server.api.tasks import client_closed
 
 router = APIRouter(tags=["openai"])
 
@@ -27,10 +26,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     prepared = serving.prepare(st, body)
     # The slot was taken from the headers (api.gate.AdmissionGate), before the body was read: a
     # refused request cost no body parsing and no image work; an error above gives it back there.
-    ticket = await admitted(st.admission, request)
-    if ticket is None:  # the client left while queued (only behind no gate)
-        return client_closed()
-    return await serving.complete(st, prepared, ticket, request)
+    return await serving.complete(st, prepared, admitted(request.scope), request)
 
 
 __all__ = ["router"]

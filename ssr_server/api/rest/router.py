@@ -12,7 +12,6 @@ from ssr_server.api.gate import admitted, admitted_slot
 from ssr_server.api.rest import serving
 from ssr_server.api.rest.protocol import LibraryOut, RunRequest, RunResponse, SelectRequest, SelectResponse
 from ssr_server.api.state import app_state
-from ssr_server.api.tasks import client_closed
 
 router = APIRouter()
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -34,10 +33,7 @@ async def create_run(body: RunRequest, request: Request) -> Any:
     options = serving.run_options(st, body)
     # The slot was taken from the headers (api.gate.AdmissionGate), before the body was read: a
     # refused request (429) cost no body parsing and no image work; a 4xx above gives it back there.
-    ticket = await admitted(st.admission, request)
-    if ticket is None:  # the client left while queued (only behind no gate)
-        return client_closed()
-    return await serving.run(st, body, options, ticket, request)
+    return await serving.run(st, body, options, admitted(request.scope), request)
 
 
 @router.post("/v1/ssr/select", tags=["agent"], response_model=SelectResponse, responses=_ERRORS)
@@ -46,7 +42,7 @@ async def select_route(body: SelectRequest, request: Request) -> SelectResponse:
     when the messages hold no system message)."""
     st = app_state(request)
     selection = serving.prepare_selection(st, body)
-    async with admitted_slot(st.admission, request):  # taken from the headers, before the body
+    async with admitted_slot(request.scope):  # taken from the headers, before the body
         return await serving.select(st, body, selection)
 
 
