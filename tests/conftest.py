@@ -25,6 +25,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # temporary path then breaks at a place that moves with the path's length, and a test looking for a phrase
 # in it fails now and then. Wide enough that nothing wraps.
 os.environ.setdefault("TERMINAL_WIDTH", "1000")
+# The suite's servers keep no runs (today's behaviour, nothing written under ~/.cache); the run store's
+# own tests (tests/store, tests/ui) name a store in a temporary folder.
+os.environ.setdefault("SSR_RUN_STORE", "off")
 
 
 def free_port() -> int:

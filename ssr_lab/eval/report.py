@@ -17,7 +17,7 @@ from ssr_lab.world.records import KINDS, MOVE_ACTIONS, Question
 from ssr_server.core.actions import allowed_actions, validate_box
 from ssr_server.core.answers import is_correct
 from ssr_server.core.errors import ToolError
-from ssr_server.core.summary import percentiles
+from ssr_server.core.summary import forwards_line, percentiles
 
 
 def make_record(question: Question, run: dict[str, Any] | None, error: str | None,
@@ -51,6 +51,8 @@ def make_record(question: Question, run: dict[str, Any] | None, error: str | Non
         "model_s": sum(t["reasoning_s"] + t["action_s"] for t in turns),
         "generated_tokens": sum(t["reasoning_tokens"] + t["action_tokens"] for t in turns),
         "scored_tokens": sum(t["scored_tokens"] for t in turns),
+        "action_tokens": sum(t["action_tokens"] for t in turns),
+        "action_forwards": sum(t.get("action_forwards", 0) for t in turns),
         "zoom_on_target": _zoom_on_target(question, turns),
         # as the model wrote them (a box the tool refused included): where its boxes go, not only if they hit
         "zoom_boxes": [(t.get("arguments") or {}).get("bbox_2d") for t in turns
@@ -116,6 +118,9 @@ def _group(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "action_s": percentiles((x for r in records for x in r["action_s"]), (50, 95)),
         "model_s": percentiles((r["model_s"] for r in records if r["outcome"] != "failed"), (50, 95)),
         "generated_tokens_mean": _mean(r["generated_tokens"] for r in records if r["outcome"] != "failed"),
+        "actions_decoded": sum(1 for r in records for a in r.get("actions", []) if a),
+        "action_tokens": sum(r.get("action_tokens", 0) for r in records),
+        "action_forwards": sum(r.get("action_forwards", 0) for r in records),
     }
 
 
@@ -204,6 +209,9 @@ def format_summary(summary: dict[str, Any], title: str = "") -> str:
         lines.append(f"zoom boxes on the target (the gold box's centre inside): "
                      f"{_pct(summary['overall']['zoom_on_target'])} of {zoom} zoom calls; the last call of "
                      f"each question: {_pct(summary['overall'].get('zoom_last_on_target'))}")
+    if overall.get("actions_decoded"):
+        lines.append("actions: " + forwards_line(overall["actions_decoded"], overall["action_tokens"],
+                                                 overall["action_forwards"]))
     mix = summary["overall"]["candidate_mix"]
     if mix:
         lines.append("candidate mix: " + ", ".join(f"{k} {v}" for k, v in mix.items()))

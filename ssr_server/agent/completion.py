@@ -33,7 +33,7 @@ from ssr_server.agent.chat import Message
 from ssr_server.agent.loop import Agent
 from ssr_server.agent.trace import Turn
 from ssr_server.agent.turn import ActionChoice
-from ssr_server.core import metrics
+from ssr_server.core import logs, metrics, tracing
 from ssr_server.core.actions import ACTIONS, TOOL_ACTIONS
 from ssr_server.core.errors import InvalidRequest, SSRError
 from ssr_server.core.library import Library
@@ -228,27 +228,36 @@ class Completer:
             if not moves:
                 raise self._refuse(None, requested, n_images)
         turn = Turn(index=0, mode=options.mode, context_tokens=len(ctx))
-        t0 = time.perf_counter()
-        outcome = "error"
-        metrics.RUNS_IN_FLIGHT.inc()
-        try:
-            async with asyncio.timeout(deadline_s):
-                done = await self._turn(ctx, library, tools, options, on_reasoning, turn, allowed, left_out,
-                                        moves)
-            outcome = "answered" if done.tool_name is None else "tool_calls"
-            return done
-        except TimeoutError:
-            outcome = "timeout"
-            why = "timed out" if deadline_s is None else f"passed its {deadline_s:g} s deadline"
-            raise CompletionDeadline(f"the completion {why}") from None
-        except asyncio.CancelledError:
-            outcome = "cancelled"
-            raise
-        finally:
-            # What the agent loop records for a run, for this run of one turn.
-            metrics.RUNS_IN_FLIGHT.dec()
-            metrics.observe_run(options.mode, outcome, time.perf_counter() - t0,
-                                turn.reasoning_s + turn.action_s, 1 if turn.action_type is not None else 0)
+        with tracing.span("ssr.run", {"ssr.mode": options.mode, "ssr.library": library.name,
+                                      "ssr.route": "chat.completions"}) as span:
+            t0 = time.perf_counter()
+            outcome = "error"
+            metrics.RUNS_IN_FLIGHT.inc()
+            try:
+                async with asyncio.timeout(deadline_s):
+                    with tracing.span("ssr.turn", {"ssr.turn.index": 0, "ssr.mode": options.mode}):
+                        done = await self._turn(ctx, library, tools, options, on_reasoning, turn, allowed,
+                                                left_out, moves)
+                outcome = "answered" if done.tool_name is None else "tool_calls"
+                return done
+            except TimeoutError:
+                outcome = "timeout"
+                why = "timed out" if deadline_s is None else f"passed its {deadline_s:g} s deadline"
+                raise CompletionDeadline(f"the completion {why}") from None
+            except asyncio.CancelledError:
+                outcome = "cancelled"
+                raise
+            finally:
+                # What the agent loop records for a run, for this run of one turn.
+                metrics.RUNS_IN_FLIGHT.dec()
+                turns = 1 if turn.action_type is not None else 0
+                metrics.observe_run(options.mode, outcome, time.perf_counter() - t0,
+                                    turn.reasoning_s + turn.action_s, turns)
+                span.set({"ssr.outcome": outcome, "ssr.turns": turns})
+                if outcome in ("error", "timeout"):
+                    span.fail(outcome)
+                logs.run_finished(None, options.mode, outcome, turns, time.perf_counter() - t0,
+                                  turn.reasoning_s + turn.action_s)
 
     async def _turn(self, ctx: Context, library: Library, tools: Sequence[ClientTool],
                     options: CompletionOptions, on_reasoning: ReasoningCallback | None, turn: Turn,

@@ -26,7 +26,7 @@ from ssr_server.agent.chat import ChatRenderer
 from ssr_server.agent.observe import invalid_action_text, observation_text
 from ssr_server.agent.trace import Run, Turn
 from ssr_server.agent.turn import TurnMaker
-from ssr_server.core import metrics
+from ssr_server.core import logs, metrics, tracing
 from ssr_server.core.actions import ACTIONS, ALL_ACTIONS, ToolCall, possible_actions
 from ssr_server.core.errors import ContextTooLong, InvalidRequest
 from ssr_server.core.formats.format import PromptFormat, get_format
@@ -131,29 +131,36 @@ class Agent:
         run = Run(id=run_id or uuid.uuid4().hex, question=question, mode=options.mode, library=library.name)
         ctx = [self.start(question, images, library)]
         rng = np.random.default_rng(options.seed)
-        started = time.perf_counter()
-        metrics.RUNS_IN_FLIGHT.inc()
-        try:
-            async with asyncio.timeout(deadline_s):
-                await self._turns(run, ctx, library, options, rng, on_turn)
-        except TimeoutError:
-            run.outcome, run.error = "timeout", f"the run passed its {deadline_s:g} s deadline"
-        except ContextTooLong as exc:
-            if not run.turns:  # the question itself does not fit: the caller's error (a 4xx)
-                run.outcome, run.error = "error", exc.message
+        with tracing.span("ssr.run", {"ssr.run_id": run.id, "ssr.mode": run.mode,
+                                      "ssr.library": run.library}) as span:
+            started = time.perf_counter()
+            metrics.RUNS_IN_FLIGHT.inc()
+            try:
+                async with asyncio.timeout(deadline_s):
+                    await self._turns(run, ctx, library, options, rng, on_turn)
+            except TimeoutError:
+                run.outcome, run.error = "timeout", f"the run passed its {deadline_s:g} s deadline"
+            except ContextTooLong as exc:
+                if not run.turns:  # the question itself does not fit: the caller's error (a 4xx)
+                    run.outcome, run.error = "error", exc.message
+                    raise
+                run.outcome, run.error = "context_limit", exc.message
+            except asyncio.CancelledError:
+                run.outcome, run.error = "cancelled", "the run was cancelled"
                 raise
-            run.outcome, run.error = "context_limit", exc.message
-        except asyncio.CancelledError:
-            run.outcome, run.error = "cancelled", "the run was cancelled"
-            raise
-        except Exception as exc:
-            run.outcome, run.error = "error", str(exc)
-            raise
-        finally:
-            metrics.RUNS_IN_FLIGHT.dec()
-            run.total_s = time.perf_counter() - started
-            run.prompt_tokens = len(ctx[0])
-            metrics.observe_run(run.mode, run.outcome, run.total_s, run.model_s, len(run.turns))
+            except Exception as exc:
+                run.outcome, run.error = "error", str(exc)
+                raise
+            finally:
+                metrics.RUNS_IN_FLIGHT.dec()
+                run.total_s = time.perf_counter() - started
+                run.prompt_tokens = len(ctx[0])
+                metrics.observe_run(run.mode, run.outcome, run.total_s, run.model_s, len(run.turns))
+                span.set({"ssr.outcome": run.outcome, "ssr.turns": len(run.turns)})
+                if run.outcome in ("error", "timeout"):
+                    span.fail(run.error or run.outcome)
+                logs.run_finished(run.id, run.mode, run.outcome, len(run.turns), run.total_s, run.model_s,
+                                  run.error)
         return run, ctx[0]
 
     async def _turns(self, run: Run, state: list[Context], library: Library, options: RunOptions,
@@ -161,33 +168,36 @@ class Agent:
         cand_ids = self.candidate_ids(library, options.label_only)
         errors = 0
         for index in range(options.max_turns):
-            ctx = state[0]
-            turn = Turn(index=index, mode=options.mode, context_tokens=len(ctx))
-            t0 = time.perf_counter()
-            n_images = len(ctx.images)
-            if options.mode == "ssr":
-                ctx = await self.turns.select(ctx, library, cand_ids, alpha=options.alpha, tau=options.tau,
-                                              label_only=options.label_only, rng=rng, turn=turn,
-                                              left_out=without_image(library, n_images))
-                chosen = library.candidates[library.ids.index(turn.candidate_id or "")]
-                actions = possible_actions(chosen.action, n_images)
-            else:
-                ctx = await self.turns.think(ctx, budget=options.reasoning_budget,
-                                             temperature=options.action_temperature, rng=rng, turn=turn)
-                actions = tuple(a for a in ALL_ACTIONS if ACTIONS[a].can_run(n_images))
-            choices = [self.turns.choice(a, n_images) for a in actions]
-            ctx, decision = await self.turns.act(ctx, choices, temperature=options.action_temperature,
-                                                 rng=rng, turn=turn)
-            call = decision.call
-            if turn.action_type == "answer":
-                run.answer, run.outcome = turn.argument, "answered"
-                ctx = ctx.extend(self._end_of_turn)
-            else:
-                ctx = await self._observe(ctx, call, turn, options)
-                errors += turn.error is not None
-            state[0] = ctx
-            turn.turn_s = time.perf_counter() - t0
-            self._record(run, turn)
+            with tracing.span("ssr.turn", {"ssr.turn.index": index, "ssr.mode": options.mode}) as span:
+                ctx = state[0]
+                turn = Turn(index=index, mode=options.mode, context_tokens=len(ctx))
+                t0 = time.perf_counter()
+                n_images = len(ctx.images)
+                if options.mode == "ssr":
+                    ctx = await self.turns.select(ctx, library, cand_ids, alpha=options.alpha,
+                                                  tau=options.tau, label_only=options.label_only, rng=rng,
+                                                  turn=turn, left_out=without_image(library, n_images))
+                    chosen = library.candidates[library.ids.index(turn.candidate_id or "")]
+                    actions = possible_actions(chosen.action, n_images)
+                else:
+                    ctx = await self.turns.think(ctx, budget=options.reasoning_budget,
+                                                 temperature=options.action_temperature, rng=rng, turn=turn)
+                    actions = tuple(a for a in ALL_ACTIONS if ACTIONS[a].can_run(n_images))
+                choices = [self.turns.choice(a, n_images) for a in actions]
+                ctx, decision = await self.turns.act(ctx, choices, temperature=options.action_temperature,
+                                                     rng=rng, turn=turn)
+                call = decision.call
+                if turn.action_type == "answer":
+                    run.answer, run.outcome = turn.argument, "answered"
+                    ctx = ctx.extend(self._end_of_turn)
+                else:
+                    ctx = await self._observe(ctx, call, turn, options)
+                    errors += turn.error is not None
+                state[0] = ctx
+                turn.turn_s = time.perf_counter() - t0
+                self._record(run, turn)
+                span.set({"ssr.turn.candidate": turn.candidate_id, "ssr.action.type": turn.action_type,
+                          "ssr.turn.error": turn.error})
             if on_turn is not None:
                 await on_turn(turn)
             if run.outcome == "answered":
@@ -204,10 +214,15 @@ class Agent:
             text = invalid_action_text(self.format, self.chat.escape, turn.error or "no tool call")
             turn.observation, turn.observation_ok = text, False
             return ctx.extend(self.chat.observation(text, (), n))
-        t0 = time.perf_counter()
-        obs = await self.tools.run(call, ToolContext(ctx.images), options.tool_timeout_s)
-        turn.tool_s = time.perf_counter() - t0
-        text = observation_text(self.format, self.chat.escape, call.tool, obs, n)
+        with tracing.span("ssr.tool", {"ssr.tool.name": call.tool}) as span:
+            t0 = time.perf_counter()
+            obs = await self.tools.run(call, ToolContext(ctx.images), options.tool_timeout_s)
+            turn.tool_s = time.perf_counter() - t0
+            text = observation_text(self.format, self.chat.escape, call.tool, obs, n)
+            span.set({"ssr.tool.outcome": "ok" if obs.ok else "error", "ssr.tool.hits": len(obs.hits),
+                      "ssr.tool.images": len(obs.images), "ssr.tool.result_chars": len(text)})
+            if not obs.ok:
+                span.fail(obs.error or "the tool failed")
         turn.observation, turn.observation_ok = text, obs.ok
         turn.tool_data = obs.data
         if not obs.ok:

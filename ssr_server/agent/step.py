@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ssr_server.core import metrics
+from ssr_server.core import metrics, tracing
 from ssr_server.core.library import Candidate, Library
 from ssr_server.core.protocol import CandidateScore, Context, Engine
 from ssr_server.core.selection import Selection, select
@@ -33,12 +33,18 @@ class StepResult:
 async def select_step(engine: Engine, ctx: Context, library: Library, candidate_ids: Sequence[Sequence[int]],
                       *, alpha: float, tau: float, seed: int | np.random.Generator | None) -> StepResult:
     """Score ``candidate_ids`` (the library's surfaces, tokenised) on ``ctx`` and select one."""
-    t0 = time.perf_counter()
-    scores = await engine.score(ctx, candidate_ids)
-    sel = select([s.logprob_sum for s in scores], [s.num_tokens for s in scores], alpha=alpha, tau=tau,
-                 seed=seed)
-    latency = time.perf_counter() - t0
-    cand = library.candidates[sel.index]
+    with tracing.span("ssr.select", {"ssr.library": library.name}) as span:
+        t0 = time.perf_counter()
+        scores = await engine.score(ctx, candidate_ids)
+        sel = select([s.logprob_sum for s in scores], [s.num_tokens for s in scores], alpha=alpha, tau=tau,
+                     seed=seed)
+        latency = time.perf_counter() - t0
+        cand = library.candidates[sel.index]
+        span.set({"ssr.select.candidates": len(scores), "ssr.select.chosen": cand.id,
+                  "ssr.select.score": float(sel.scores[sel.index]), "ssr.select.q": float(sel.q[sel.index]),
+                  "ssr.select.max_q": float(max(sel.q)),
+                  "ssr.scored_tokens": sum(s.num_tokens for s in scores),
+                  "ssr.cached_tokens": scores[0].cached_tokens if scores else 0})
     metrics.CANDIDATE_SELECTED.labels(library=library.name, candidate=cand.id).inc()
     metrics.SCORED_TOKENS.inc(sum(s.num_tokens for s in scores))
     return StepResult(selection=sel, scores=list(scores), latency_s=latency, candidate=cand)

@@ -37,6 +37,7 @@ class Turn:
     scored_tokens: int = 0
     reasoning_tokens: int = 0
     action_tokens: int = 0
+    action_forwards: int = 0  # decode forwards the action took (fewer than its tokens with drafts)
     reasoning_s: float = 0.0
     action_s: float = 0.0
     tool_s: float = 0.0

@@ -23,6 +23,7 @@ import numpy as np
 from ssr_server.agent.chat import ChatRenderer
 from ssr_server.agent.step import select_step
 from ssr_server.agent.trace import Turn
+from ssr_server.core import metrics, tracing
 from ssr_server.core.actions import ACTIONS, ActionSpec, ToolCall
 from ssr_server.core.errors import ActionParseError
 from ssr_server.core.formats.format import PromptFormat
@@ -129,6 +130,13 @@ class TurnMaker:
     async def think(self, ctx: Context, *, budget: int, temperature: float,
                     rng: np.random.Generator | None, turn: Turn) -> Context:
         """Freeform: decode the reasoning inside the format's reasoning block (closed by us if cut)."""
+        with tracing.span("ssr.think") as span:
+            ctx = await self._think(ctx, budget=budget, temperature=temperature, rng=rng, turn=turn)
+            span.set({"ssr.think.tokens": turn.reasoning_tokens, "ssr.cached_tokens": turn.cached_tokens})
+            return ctx
+
+    async def _think(self, ctx: Context, *, budget: int, temperature: float,
+                     rng: np.random.Generator | None, turn: Turn) -> Context:
         t0 = time.perf_counter()
         ctx = ctx.extend(self._reasoning_open)
         gen = await self.engine.generate(ctx, GenerationParams(
@@ -156,6 +164,18 @@ class TurnMaker:
     async def act(self, ctx: Context, choices: Sequence[ActionChoice], *, temperature: float,
                   rng: np.random.Generator | None, turn: Turn, max_new_tokens: int | None = None,
                   ) -> tuple[Context, Decision]:
+        """``_act`` in its ``ssr.action`` span."""
+        with tracing.span("ssr.action", {"ssr.action.choices": len(choices)}) as span:
+            ctx, decision = await self._act(ctx, choices, temperature=temperature, rng=rng, turn=turn,
+                                            max_new_tokens=max_new_tokens)
+            span.set({"ssr.action.type": turn.action_type, "ssr.action.tool": turn.tool_name,
+                      "ssr.action.tokens": turn.action_tokens, "ssr.action.forwards": turn.action_forwards,
+                      "ssr.action.complete": decision.complete, "ssr.action.error": turn.error})
+            return ctx, decision
+
+    async def _act(self, ctx: Context, choices: Sequence[ActionChoice], *, temperature: float,
+                   rng: np.random.Generator | None, turn: Turn, max_new_tokens: int | None = None,
+                   ) -> tuple[Context, Decision]:
         """Force the opening of one allowed choice, decode its part under its grammar, close it; record
         the action on ``turn``. Problems no grammar can rule out become ``turn.error``."""
         t0 = time.perf_counter()
@@ -172,6 +192,8 @@ class TurnMaker:
         turn.action_span = (len(ctx), len(ctx) + len(kept))
         ctx = ctx.extend(kept)
         turn.action_tokens = len(gen.token_ids)
+        turn.action_forwards = gen.forwards
+        metrics.observe_action(turn.mode, turn.action_tokens, gen.forwards)
         text = gen.text
         if choice.action == "answer":
             # The grammar admits no '<' in the answer: one starts the closing tag, which is whole when

@@ -25,12 +25,13 @@ from ssr_server.api.gate import AdmissionGate
 from ssr_server.api.shutdown import CountRequests, Drain, RequestCounter
 from ssr_server.api.state import AppState
 from ssr_server.api.stats import LatencyWindow
-from ssr_server.core import metrics
+from ssr_server.core import metrics, tracing
 from ssr_server.core.config import Settings
 from ssr_server.core.formats.format import get_format
 from ssr_server.core.images.intake import return_freed_memory_to_the_os
 from ssr_server.core.images.limits import ImageLimits
 from ssr_server.core.library import LibraryRegistry
+from ssr_server.core.logs import RequestLog
 from ssr_server.core.protocol import Engine
 from ssr_server.tools.registry import ToolRegistry, build_registry, demo_registry
 
@@ -154,7 +155,10 @@ class ApiKeyAuth:
         self.app, self.key, self.open_paths = app, key.encode(), open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths or scope["method"] == "OPTIONS":
+        # The run viewer's files are open (they hold no data; the page asks for the key to read runs).
+        path = scope.get("path", "")
+        if (scope["type"] != "http" or path in self.open_paths or scope["method"] == "OPTIONS"
+                or path == "/ui" or path.startswith("/ui/")):
             await self.app(scope, receive, send)
             return
         auth = dict(scope.get("headers", [])).get(b"authorization", b"")
@@ -173,10 +177,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
     """The app; ``engine``/``tools`` may be injected (tests share one loaded model between apps)."""
     settings = settings or Settings()
     requests = RequestCounter()
+    tracing.configure()  # from the OTEL_* variables; off (and never imported) without them
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from ssr_server.engine.factory import build_engine
+        from ssr_server.store.backends import keep_alive, open_store
 
         eng: Engine = engine if engine is not None else await asyncio.to_thread(build_engine, settings)
         tl: ToolRegistry = tools if tools is not None else await asyncio.to_thread(build_tools, settings)
@@ -200,14 +206,24 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
             completer=Completer(agent), reasoning_memory=ReasoningMemory(settings.reasoning_memory_size),
             started=int(time.time()),
         )
+        # The run store (None when SSR_RUN_STORE=off): opened, migrated, and runs left in flight by a
+        # dead server marked interrupted, before the first request.
+        state.store = await open_store(settings)
+        keeper = None if state.store is None else asyncio.create_task(
+            keep_alive(state.store, settings.run_store_heartbeat_s), name="ssr-run-store")
         app.state.ssr = state
         log.info("ssr-server ready: engine=%s", eng.name)
         try:
             yield
         finally:
             # Already done when `ssr-server serve` drained on the signal; under a plain uvicorn, here.
-            await state.drain.wait()
+            await state.drain.wait()  # background runs included: they hold admission slots
+            if keeper is not None:
+                keeper.cancel()
+            if state.store is not None:
+                await state.store.close()
             await state.http.aclose()
+            tracing.flush(timeout_s=1.0)  # bounded: the process must be gone within EXIT_MARGIN_S
             if tools is None:
                 await tl.aclose()
             if engine is None:
@@ -223,10 +239,13 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
     from ssr_server.api import ops
     from ssr_server.api.openai import router as openai
     from ssr_server.api.rest import router as rest
+    from ssr_server.api.runs import router as runs
 
     app.include_router(ops.router)
     app.include_router(rest.router)
+    app.include_router(runs.router)
     app.include_router(openai.router)
+    runs.mount_viewer(app)
     _describe_the_server(app)
 
     def admission() -> Admission | None:
@@ -240,6 +259,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None,
                            open_paths=settings.open_paths)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(CountRequests, counter=requests)  # outermost: every answer counts until sent
+    if settings.log_format == "json":
+        app.add_middleware(RequestLog)
+    tracing.instrument_app(app)  # the server span, around all of the above
     return app
 
 

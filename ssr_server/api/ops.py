@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import choose_encoder
 
 from ssr_server.api.state import app_state
 from ssr_server.core import metrics
@@ -40,7 +41,12 @@ async def ready(request: Request) -> Response:
 
 
 @router.get("/metrics", tags=["ops"])
-async def prometheus_metrics() -> Response:
+async def prometheus_metrics(request: Request) -> Response:
+    accept = request.headers.get("accept", "")
+    if "application/openmetrics-text" in accept:
+        # OpenMetrics, the only exposition that carries exemplars (the trace ids of sampled observations)
+        encode, content_type = choose_encoder(accept)
+        return Response(encode(metrics.REGISTRY), headers={"Content-Type": content_type})
     return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
 
 

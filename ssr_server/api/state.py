@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 from fastapi import Request
@@ -19,6 +19,7 @@ from ssr_server.core.images.intake import load_image
 from ssr_server.core.images.limits import ImageLimits
 from ssr_server.core.library import LibraryRegistry
 from ssr_server.core.protocol import Engine, ImageRef
+from ssr_server.store.base import RunStore
 from ssr_server.tools.registry import ToolRegistry
 
 
@@ -37,6 +38,10 @@ class AppState:
     completer: Completer  # the OpenAI route's turn
     reasoning_memory: ReasoningMemory  # reasoning of returned tool calls, by call id
     started: int  # unix time (GET /v1/models)
+    store: RunStore | None = None  # the run store (None: SSR_RUN_STORE=off)
+    # stored runs in flight in this process, by id (cancel, drain); the ids cancelled through the API
+    in_flight: dict[str, asyncio.Task[object]] = field(default_factory=dict)
+    cancel_asked: set[str] = field(default_factory=set)
 
     async def load_images(self, specs: Sequence[str]) -> list[ImageRef]:
         """A request's images, through the one safe intake (size, pixel and URL limits), concurrently."""

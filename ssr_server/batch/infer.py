@@ -26,7 +26,7 @@ from typing import Any
 from ssr_server.agent.loop import RunOptions
 from ssr_server.batch.runner import Job, Result, Runner, run_jobs, with_seed
 from ssr_server.core.errors import InvalidRequest
-from ssr_server.core.summary import percentiles
+from ssr_server.core.summary import forwards_line, percentiles
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,9 @@ def summarize(results: Sequence[Result]) -> dict[str, Any]:
         "turns_per_question": percentiles(t["turns"] for t in totals),
         "generated_tokens_per_question": percentiles(t["generated_tokens"] for t in totals),
         "scored_tokens_per_question": percentiles(t["scored_tokens"] for t in totals),
+        "action_tokens": sum(t["action_tokens"] for t in turns),
+        "action_forwards": sum(t.get("action_forwards", 0) for t in turns),
+        "actions": sum(1 for t in turns if t.get("action_type")),
     }
 
 
@@ -129,7 +132,9 @@ def format_summary(s: dict[str, Any]) -> str:
         f"action per turn:    {ms(s['action_s'])}",
         f"model time per question: {ms(s['model_s_per_question'])}",
         f"generated tokens per question: mean {gen['mean'] or 0:.1f}",
+        f"actions: {forwards_line(s['actions'], s['action_tokens'], s['action_forwards'])}",
     ])
+
 
 
 def prepare_output(out: Path, settings: dict[str, Any], system_prompt: str | None) -> None:

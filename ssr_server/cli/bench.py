@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -51,9 +53,19 @@ def bench_serve(
     mixed: Annotated[bool, typer.Option(help="also the mixed-load case (decoding during a prefill)")] = True,
     mixed_only: Annotated[bool, typer.Option(help="only the mixed-load case")] = False,
     warm_start: Annotated[bool, typer.Option(help="each level starts with the system prompt cached")] = False,
+    tracing: Annotated[bool, typer.Option(
+        help="instead: the same load with tracing off and on (OTLP, every request), side by side, at "
+        "the first --concurrency (default 4)")] = False,
 ) -> None:
     """Runs/s and per-turn reasoning p95 at several concurrencies, one real server, side by side;
     inter-token latency of a decoding run while another run prefills a ~4,000-token context."""
+    if tracing:
+        from ssr_server.bench.tracing import format_tracing, run_tracing_bench
+
+        res = run_tracing_bench(model=model, concurrency=(concurrency or [4])[0], runs=runs,
+                                repeats=max(repeats, 3), max_turns=max_turns, json_path=json_path)
+        typer.echo(format_tracing(res))
+        return
     from ssr_server.bench import serve as serve_bench
 
     result = serve_bench.run_serve_bench(model=model, concurrencies=tuple(concurrency or (1, 4, 8)),
@@ -61,6 +73,24 @@ def bench_serve(
                                          repeats=repeats, mixed=mixed, mixed_only=mixed_only,
                                          warm_start=warm_start)
     typer.echo(serve_bench.format_table(result))
+
+
+@bench_app.command("runstore")
+def bench_runstore(
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    runs: Annotated[int, typer.Option(min=0, help="finished runs in the store (0: skip the reads)")] = 10_000,
+    samples: Annotated[int, typer.Option(min=1, help="timed requests per read")] = 200,
+    concurrency: Annotated[int, typer.Option(min=1, help="clients of the store on/off load")] = 8,
+    load_runs: Annotated[int, typer.Option(min=0, help="runs per store on/off level (0: skip)")] = 48,
+    repeats: Annotated[int, typer.Option(min=1, help="store off/on levels, interleaved")] = 2,
+    json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+) -> None:
+    """Run store: list and fetch p95 with many stored runs (SQLite); run latency with the store on vs off."""
+    from ssr_server.bench.runstore import format_runstore, run_runstore_bench
+
+    result = run_runstore_bench(runs, samples, model=model, concurrency=concurrency, load_runs=load_runs,
+                                repeats=repeats, json_path=json_path)
+    typer.echo(format_runstore(result))
 
 
 @bench_app.command("batching")
@@ -103,6 +133,49 @@ def bench_logprobs(
 
     result = run_logprobs_bench(_load(model, shape, dtype), rows, repeats, json_path)
     typer.echo(format_logprobs(result))
+
+
+@bench_app.command("decode")
+def bench_decode(
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    dtype: Annotated[str, typer.Option(help="fp32 | bf16")] = "bf16",
+    threads: Annotated[int, typer.Option(min=1, help="torch intra-op threads")] = 1,
+    new_tokens: Annotated[int, typer.Option(min=2, help="tokens per generation")] = 48,
+    repeats: Annotated[int, typer.Option(min=1, help="alternating rounds (median)")] = 5,
+    json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+) -> None:
+    """Embedded engine's ms per decoded token beside the memory-bandwidth limit of the model's weights."""
+    from ssr_server.bench.decode import format_decode, run_decode_bench
+    from ssr_server.engine.factory import resolve_model
+
+    result = run_decode_bench(model or resolve_model(make_settings()), dtype, threads, new_tokens, repeats,
+                              json_path)
+    typer.echo(format_decode(result))
+
+
+@bench_app.command("router")
+def bench_router(
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    runs: Annotated[int, typer.Option(min=1, help="runs per policy and level (demo world questions)")] = 16,
+    concurrency: Annotated[list[int] | None, typer.Option(
+        help="concurrent runs (repeatable; default 1 and 8)")] = None,
+    policy: Annotated[list[str] | None, typer.Option(
+        help="router policy (repeatable; default cache_aware, round_robin, manual)")] = None,
+    eval_questions: Annotated[int, typer.Option(min=0, help="ssr-lab eval through the router vs embedded "
+                                                           "(0: skip)")] = 120,
+    world: Annotated[Path | None, typer.Option(help="world for the eval (default: one built for it)")] = None,
+    worker_loss: Annotated[bool, typer.Option(help="SIGKILL a worker under 8 runs, then the other")] = True,
+    json_path: Annotated[str | None, typer.Option("--json", help="write the figures as JSON")] = None,
+) -> None:
+    """Two real SGLang CPU workers behind SGLang's router (a checkout's scripts/sglang-router.sh): cached
+    tokens and latency per policy, eval through the router vs embedded, a worker lost under load."""
+    from ssr_server.bench import router
+
+    result = router.run_router_bench(model=model, runs=runs, concurrencies=tuple(concurrency or (1, 8)),
+                                     policies=tuple(policy or router.POLICIES),
+                                     eval_questions=eval_questions, world=world, worker_loss=worker_loss,
+                                     json_path=json_path)
+    typer.echo(router.format_table(result))
 
 
 @bench_app.command("overload")
@@ -154,3 +227,43 @@ def bench_overload(
     typer.echo(overload.format_table(result))
     if not result.passed:
         raise typer.Exit(1)
+
+
+@bench_app.command("actions")
+def bench_actions(
+    world: Annotated[Path | None, typer.Option(
+        help="a world folder (questions.jsonl, corpus.jsonl, images/; `ssr-lab world build` writes one); "
+        "default: the shipped demo world")] = None,
+    split: Annotated[str, typer.Option(help="train | dev | test")] = "test",
+    limit: Annotated[int | None, typer.Option(help="first N questions of the split")] = None,
+    concurrency: Annotated[int, typer.Option(min=1)] = 4,
+    mode: Annotated[list[str] | None, typer.Option(help="ssr | freeform (repeatable; default both)")] = None,
+    model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
+    json_path: Annotated[Path | None, typer.Option("--json", help="write the figures as JSON")] = None,
+) -> None:
+    """Where action time goes (prefill, decode forwards, grammar, sampling, drafting, detokenising), and
+    drafts (jump-forward, prompt lookup) off vs on, side by side on one engine: forwards, ms, same text."""
+    from ssr_server.bench import actions
+    from ssr_server.cli.common import local_agent
+    from ssr_server.tools.demo import shipped_demo_world
+
+    modes = tuple(mode or ("ssr", "freeform"))
+    if any(m not in ("ssr", "freeform") for m in modes):
+        raise typer.BadParameter("--mode takes ssr or freeform")
+    root = world or shipped_demo_world().root
+    settings = make_settings(model=model)
+    if settings.engine != "torch":
+        raise typer.BadParameter("bench actions measures the embedded engine (SSR_ENGINE=torch)")
+    agent = local_agent(settings, root)
+    try:
+        result = actions.run(agent, root, split, limit, concurrency, modes, json_path)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    finally:
+        asyncio.run(_close(agent))
+    typer.echo(actions.format_table(result))
+
+
+async def _close(agent: Any) -> None:
+    await agent.tools.aclose()
+    await agent.engine.close()

@@ -28,19 +28,19 @@ def serve(
     SIGTERM/SIGINT drains: the socket stays open (new runs get 503 shutting_down), runs in flight
     finish until SSR_DRAIN_TIMEOUT_S, what still runs then is cancelled (JSON 503); a second signal
     exits at once."""
-    import logging
-
     from ssr_server.api.app import create_app, drain_app
     from ssr_server.api.connections import server_config
     from ssr_server.api.shutdown import DrainingServer
+    from ssr_server.core import logs
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup("text", log_level)
     settings = make_settings(engine=engine, model=model, host=host, port=port, dtype=dtype,
                              sglang_url=sglang_url)
     application = create_app(settings)
     # The connection bounds (header, body and keep-alive timeouts, connection cap) and uvicorn's short
     # graceful wait (the drain came first: only idle connections are left) come from server_config.
     config = server_config(application, settings, log_level=log_level)
+    logs.setup(settings.log_format, log_level)  # after uvicorn's own logging set-up, which it replaces
     DrainingServer(config, drain=lambda: drain_app(application)).run()
 
 

@@ -30,7 +30,9 @@ class Settings(BaseSettings):
         "On a machine shared with other CPU-heavy processes, 1 is often faster")
     bf16_matmul: Literal["auto", "native", "fp32"] = Field(
         "auto", description="bf16 on a CPU without bf16 arithmetic: auto routes bf16 matmuls of 8 rows or "
-        "more through the fp32 kernel (exact upcast, bf16 result); native never does; fp32 always does")
+        "more through the fp32 kernel (exact upcast, bf16 result); native never does; fp32 always does. On a "
+        "CPU with bf16 arithmetic, auto packs the linear weights once for oneDNN (same results, faster "
+        "decoding, a second copy of those weights in memory); native keeps PyTorch's plain kernel")
     prefix_cache_mb: int = Field(
         128, ge=1, description="embedded engine: the prefix KV cache's bound in MB (LRU), kept across "
         "requests; raise it for real models")
@@ -47,6 +49,15 @@ class Settings(BaseSettings):
         None, ge=2, description="longest context (images expanded, plus the candidates or the tokens to "
         "decode); longer ones are refused with 400 context_too_long before any work; unset = the model's "
         "max_position_embeddings")
+    speculative_tokens: int = Field(
+        8, ge=0, le=64, description="embedded engine: draft tokens verified per decode step (jump-forward "
+        "and prompt lookup; outputs are unchanged, forwards are saved); 0 = one token per forward")
+    jump_forward: bool = Field(
+        True, description="embedded engine: draft the text a grammar forces (a tool call's keys and "
+        "brackets)")
+    prompt_lookup: bool = Field(
+        True, description="embedded engine: draft by n-gram lookup in the run's own context (names and "
+        "answers copied from observations)")
     sglang_url: str = Field(
         "http://127.0.0.1:30000", description="the SGLang server or router (engine sglang)")
     sglang_scoring: Literal["auto", "route", "generate"] = Field(
@@ -61,6 +72,10 @@ class Settings(BaseSettings):
     # http
     host: str = Field("127.0.0.1", description="address ssr-server serve listens on")
     port: int = Field(8000, ge=0, le=65535, description="port ssr-server serve listens on")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: plain log lines; json: one JSON object a line, with a line per request "
+        "and per finished run carrying the trace id (traces themselves are set by the standard OTEL_* "
+        "variables, see the monitoring page)")
     api_key: SecretStr | None = Field(
         None, description="when set, every route but SSR_OPEN_PATHS needs Authorization: Bearer <key>")
     open_paths: tuple[str, ...] = Field(
@@ -155,3 +170,20 @@ class Settings(BaseSettings):
     stats_window: int = Field(
         2000, ge=10, description="/v1/stats: percentiles are over this many latest values of each latency, "
         "per mode")
+
+    # the run store (ssr_server/store, docs/operations/run-store.md)
+    run_store: str = Field(
+        "sqlite", description="where runs are kept: sqlite (runs.sqlite3 under the cache dir), "
+        "sqlite:///PATH, postgresql://USER:PASSWORD@HOST:PORT/DB (several replicas), or off (runs are "
+        "answered and forgotten, no background runs)")
+    run_store_max_runs: int = Field(
+        100_000, ge=0, description="finished runs kept (the oldest go first); 0 = no limit")
+    run_store_ttl_s: float = Field(
+        30 * 86400.0, ge=0, description="finished runs older than this many seconds are deleted; 0 = kept")
+    run_store_max_image_bytes: int = Field(
+        1_000_000, ge=4096, description="the most bytes kept of one image of a stored run (PNG, or JPEG "
+        "made smaller until it fits)")
+    run_store_heartbeat_s: float = Field(
+        10.0, gt=0, description="how often a server marks itself alive in the store and applies retention; "
+        "runs of a server silent for 3 heartbeats (or whose process on this host is gone) become "
+        "interrupted")

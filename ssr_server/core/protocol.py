@@ -110,6 +110,9 @@ class Generation:
     elapsed_s: float
     stop_text: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    # Decode forwards after the prompt's prefill (fewer than tokens with jump-forward and speculation;
+    # 0 where an engine cannot tell)
+    forwards: int = 0
 
 
 @runtime_checkable

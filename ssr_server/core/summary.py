@@ -20,3 +20,11 @@ def percentiles(values: Sequence[float] | Iterable[float], qs: Sequence[int] = (
         out[f"p{q}"] = float(v)
     out.update(mean=float(arr.mean()), max=float(arr.max()), n=int(arr.size))
     return out
+
+
+def forwards_line(actions: int, tokens: int, forwards: int) -> str:
+    """Decode forwards per action and tokens per forward (written once: infer and the lab's eval)."""
+    if not actions:
+        return "none"
+    per = f"{tokens / forwards:.2f} tokens per forward" if forwards else "forwards not reported"
+    return f"{forwards / actions:.1f} decode forwards per action, {tokens / actions:.1f} tokens, {per}"

@@ -63,6 +63,11 @@ def test_metrics_count_what_the_runs_did(client: httpx.Client, png_b64: str, met
         assert abs(delta(before, after, f"ssr_run_model_seconds_sum{{{m}}}") - model_s) < 1e-6
         generated = sum(r["usage"]["generated_tokens"] for r in runs if r["mode"] == mode)
         assert delta(before, after, f"ssr_generated_tokens_total{{{m}}}") == generated
+        turns = [t for r in runs if r["mode"] == mode for t in r["turns"]]
+        tokens, forwards = sum(t["action_tokens"] for t in turns), sum(t["action_forwards"] for t in turns)
+        assert delta(before, after, f"ssr_action_tokens_total{{{m}}}") == tokens
+        assert delta(before, after, f"ssr_action_forwards_total{{{m}}}") == forwards
+        assert 0 < forwards < tokens  # the first token comes with the prompt
 
     outcomes = Counter((r["mode"], r["outcome"]) for r in runs)
     for (mode, outcome), n in outcomes.items():

@@ -16,8 +16,8 @@ TURN_FIELDS = {"index", "mode", "candidate_id", "reasoning", "scores", "q", "lef
                "tool_name", "argument", "arguments", "action_text", "observation", "observation_ok",
                "tool_data", "error", "reasoning_span", "action_span",
                "context_tokens", "cached_tokens",
-               "scored_tokens", "reasoning_tokens", "action_tokens", "reasoning_s", "action_s", "tool_s",
-               "turn_s"}
+               "scored_tokens", "reasoning_tokens", "action_tokens", "action_forwards", "reasoning_s",
+               "action_s", "tool_s", "turn_s"}
 ACTION_TYPES = {"image_search", "text_search", "zoom", "answer"}
 
 

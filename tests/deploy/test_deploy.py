@@ -28,7 +28,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from ssr_server.api.shutdown import EXIT_MARGIN_S
-from ssr_server.core import metrics
+from ssr_server.core import metrics, tracing
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -180,6 +180,8 @@ def test_expected_files_exist() -> None:
         "grafana/provisioning/datasources/prometheus.yml",
         "grafana/provisioning/dashboards/dashboards.yml",
         "grafana/dashboards/ssr.json",
+        "grafana/provisioning/datasources/jaeger.yml",
+        "otel-collector/config.yaml",
         "k8s/kustomization.yaml",
     ):
         assert (DEPLOY / rel).is_file(), rel
@@ -501,6 +503,60 @@ def test_compose_services_are_wired() -> None:
         assert re.search(r":v?\d+\.\d+\.\d+$", s[svc]["image"]), f"{svc} image is not pinned"
 
 
+def test_traces_flow_from_the_agent_through_the_collector_to_jaeger_and_grafana() -> None:
+    """The agent's OTLP endpoint is the collector's OTLP/HTTP receiver; the collector's one traces
+    pipeline uses only components it defines and exports to Jaeger's OTLP port; Grafana's Jaeger
+    datasource reads Jaeger's query port, and the Prometheus datasource links exemplars to it."""
+    (c,) = yaml_docs(COMPOSE)
+    s = c["services"]
+    assert {"otel-collector", "jaeger"} <= set(s)
+    for svc in ("otel-collector", "jaeger"):
+        assert re.search(r":v?\d+\.\d+\.\d+$", s[svc]["image"]), f"{svc} image is not pinned"
+    env = c["x-agent-env"]
+    endpoint = re.sub(r"^\$\{\w+:-(.*)\}$", r"\1", env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+    assert endpoint == "http://otel-collector:4318"
+    assert env["OTEL_SERVICE_NAME"] and env["OTEL_TRACES_SAMPLER"].startswith("parentbased_")
+    assert tracing.wanted({k: re.sub(r"^\$\{\w+:-(.*)\}$", r"\1", str(v)) for k, v in env.items()})
+    for name in ("agent", "agent-cpu"):
+        assert s[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"] == env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        assert "otel-collector" in s[name]["depends_on"], name
+
+    col = s["otel-collector"]
+    (mount,) = [v for v in col["volumes"] if v.startswith("./otel-collector/")]
+    src, dst, _ = mount.split(":")
+    assert f"--config={dst}" in col["command"]
+    (cfg,) = yaml_docs(DEPLOY / src)
+    assert cfg["receivers"]["otlp"]["protocols"]["http"]["endpoint"].endswith(":4318")
+    pipelines = cfg["service"]["pipelines"]
+    assert set(pipelines) == {"traces"}
+    for kind in ("receivers", "processors", "exporters"):
+        assert set(pipelines["traces"][kind]) <= set(cfg[kind]), kind
+    (exporter,) = [cfg["exporters"][e] for e in pipelines["traces"]["exporters"]]
+    assert exporter["endpoint"] == "jaeger:4317"  # Jaeger's OTLP/gRPC receiver
+    assert s["jaeger"]["environment"]["COLLECTOR_OTLP_ENABLED"] == "true"
+
+    assert "--enable-feature=exemplar-storage" in s["prometheus"]["command"]
+    (jaeger_doc,) = yaml_docs(DEPLOY / "grafana" / "provisioning" / "datasources" / "jaeger.yml")
+    (jaeger,) = jaeger_doc["datasources"]
+    assert (jaeger["type"], jaeger["url"]) == ("jaeger", "http://jaeger:16686")
+    (prom_doc,) = yaml_docs(DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml")
+    links = prom_doc["datasources"][0]["jsonData"]["exemplarTraceIdDestinations"]
+    assert {"name": tracing.EXEMPLAR_TRACE_LABEL, "datasourceUid": jaeger["uid"]} in links
+
+
+def test_latency_panels_show_exemplars() -> None:
+    """Each latency histogram that carries exemplars has a panel target over its raw buckets with
+    exemplars on (recording rules keep no exemplars)."""
+    with_exemplars = {"ssr_reasoning_seconds", "ssr_action_seconds", "ssr_turn_seconds", "ssr_run_seconds",
+                      "ssr_run_model_seconds"}
+    shown = set()
+    for p in panels():
+        for t in p["targets"]:
+            if t.get("exemplar"):
+                shown |= {n.removesuffix("_bucket") for n in names_in(t["expr"]) if n.endswith("_bucket")}
+    assert with_exemplars <= shown, sorted(with_exemplars - shown)
+
+
 # ---------------------------------------------------------------- Kubernetes
 
 
@@ -630,7 +686,10 @@ def test_sglang_worker_and_router() -> None:
     (r,) = router["containers"]
     cmd = r["command"]
     assert cmd[:3] == ["python3", "-m", "sglang_router.launch_router"]
-    assert cmd[cmd.index("--policy") + 1] == "cache_aware"
+    # the policy measured to keep a run on one worker (docs/operations/deployment.md, sizing)
+    assert cmd[cmd.index("--policy") + 1] == "manual"
+    assert cmd[cmd.index("--assignment-mode") + 1] == "min_load"
+    assert int(cmd[cmd.index("--health-check-timeout-secs") + 1]) >= 20
     assert "--service-discovery" in cmd
     key, value = cmd[cmd.index("--selector") + 1].split("=")
     assert find("Deployment", "sglang-worker")["spec"]["template"]["metadata"]["labels"][key] == value

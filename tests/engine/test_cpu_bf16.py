@@ -46,3 +46,25 @@ def test_configure_only_acts_on_bf16_cpu() -> None:
     assert not configure_bf16_matmul(m, torch.bfloat16, torch.device("cpu"), "native")
     assert configure_bf16_matmul(m, torch.bfloat16, torch.device("cpu"), "fp32")
     assert m.ssr_fp32_matmul_layers == 2  # type: ignore[attr-defined]
+
+
+def test_packed_weights_give_the_native_kernels_results() -> None:
+    """oneDNN-packed weights: the same kernel as PyTorch's bf16 linear without its per-call weight
+    reorder, so bit for bit the same results where that kernel is oneDNN's (CPUs with bf16)."""
+    from ssr_server.engine.torch.cpu_bf16 import can_pack, install_packed_linear
+
+    assert can_pack()  # the CPU wheel the project installs has oneDNN
+    native, packed = _model(), _model()
+    assert install_packed_linear(packed) == 2 and packed.ssr_packed_linear_layers == 2  # type: ignore[attr-defined]
+    assert packed.state_dict().keys() == native.state_dict().keys()  # the packed copy is not a buffer
+    for shape in ((1, 64), (1, 1, 64), (1, 3, 64), (8, 64), (1, 40, 64)):
+        x = torch.randn(shape).to(torch.bfloat16)
+        a, b = native(x), packed(x)
+        assert b.dtype == torch.bfloat16 and b.shape == a.shape
+        if has_native_bf16():
+            assert torch.equal(a, b), shape
+        else:
+            torch.testing.assert_close(b.float(), a.float(), atol=2e-2, rtol=2e-2)
+    m = _model()
+    assert configure_bf16_matmul(m, torch.bfloat16, torch.device("cpu"), "auto")
+    assert getattr(m, "ssr_packed_linear_layers", 0) == (2 if has_native_bf16() else 0)

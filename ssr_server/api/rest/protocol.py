@@ -41,6 +41,10 @@ class RunRequest(_Strict):
     action_temperature: float = Field(0.0, ge=0.0, le=10.0,
                                       description="0: greedy actions; > 0 samples the action tokens")
     stream: bool = False
+    store: bool = Field(True, description="keep the run in the run store (GET /v1/agent/runs/{id}); "
+                                          "ignored when the server keeps no runs (SSR_RUN_STORE=off)")
+    background: bool = Field(False, description="answer 202 with the run's id at once and run it in the "
+                                                "background (needs the run store; not with stream)")
 
 
 class TurnOut(BaseModel):
@@ -69,6 +73,8 @@ class TurnOut(BaseModel):
     scored_tokens: int
     reasoning_tokens: int
     action_tokens: int
+    action_forwards: int = Field(0, description="decode forwards the action took (fewer than its tokens "
+                                 "when drafts are verified: jump-forward, prompt lookup)")
     reasoning_s: float
     action_s: float
     tool_s: float

@@ -34,6 +34,7 @@ from ssr_server.api.rest.protocol import (
     TurnOut,
     Usage,
 )
+from ssr_server.api.runs import serving as runs
 from ssr_server.api.state import AppState
 from ssr_server.api.tasks import client_closed, drop_unfinished, failure, relay, result_or_disconnect
 from ssr_server.core.errors import InvalidRequest
@@ -68,6 +69,9 @@ def run_options(st: AppState, body: RunRequest) -> RunOptions:
         seed=body.seed, label_only=body.label_only, reasoning_budget=body.reasoning_budget,
         action_temperature=body.action_temperature, tool_timeout_s=s.tool_timeout_s)
     options.validate()
+    if body.background and body.stream:
+        raise InvalidRequest("a background run is not streamed: follow GET /v1/agent/runs/{id}/events")
+    runs.check(st, body.store, body.background)
     library = st.agent.library_for(options)  # unknown library -> 404 before any work
     if options.mode == "ssr":  # a library none of whose moves can run without an image -> 400
         st.agent.check_can_act(library, len(body.images))
@@ -83,12 +87,21 @@ async def run(st: AppState, body: RunRequest, options: RunOptions, ticket: Ticke
     async def on_turn(turn: Turn) -> None:
         queue.put_nowait(turn)
 
-    task = asyncio.create_task(st.agent.run(
-        body.question, images, options, on_turn=on_turn if body.stream else None,
-        deadline_s=st.settings.run_deadline_s))
+    listener = on_turn if body.stream else None
+    # A stored run is written as it goes (api.runs.serving.recorded); a store that fails to take its
+    # first write leaves the run unstored, unless it is a background run (503, the slot freed).
+    rec = runs.new_run(st, body.question, options, body.background) if runs.check(
+        st, body.store, body.background) else None
+    if rec is not None and not await ticket.guard(runs.open_record(st, rec)):
+        rec = None
+    task = asyncio.create_task(
+        st.agent.run(body.question, images, options, on_turn=listener, deadline_s=st.settings.run_deadline_s)
+        if rec is None else runs.recorded(st, rec, images, options, listener, st.settings.run_deadline_s))
     ticket.bind(task)  # cancelled at the shutdown drain's deadline
     task.add_done_callback(ticket.release)
     task.add_done_callback(lambda t: st.stats.add_run(t.result()) if _succeeded(t) else None)
+    if rec is not None and rec.background:
+        return runs.accepted(rec)
     if body.stream:
         return EventSourceResponse(_events(task, queue), ping=SSE_PING_S,
                                    shutdown_grace_period=st.settings.drain_timeout_s)

@@ -38,6 +38,13 @@ class EngineConfig:
     max_context: int | None = None  # None: the model's max_position_embeddings
     threads: int | None = None  # torch intra-op threads; None: torch's default (all cores)
     bf16_matmul: Bf16Matmul = "auto"
+    # Drafts verified in a decode step (speculate.py): outputs are unchanged, only forwards are saved.
+    # At most ``speculative_tokens`` per generation per step, ``speculative_batch_tokens`` per forward
+    # (many generations at once make a forward compute-bound: drafts would cost more than they save).
+    speculative_tokens: int = 8
+    speculative_batch_tokens: int = 96
+    jump_forward: bool = True
+    prompt_lookup: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype not in ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16"):
@@ -56,6 +63,8 @@ class EngineConfig:
             raise EngineError("engine config: max_decode_slowdown must be > 1 (or 0: no pacing)")
         if self.max_context is not None and self.max_context < 2:
             raise EngineError("engine config: max_context must be >= 2")
+        if self.speculative_tokens < 0 or self.speculative_batch_tokens < 0:
+            raise EngineError("engine config: speculative_tokens and speculative_batch_tokens must be >= 0")
         if self.threads is not None and self.threads < 1:
             raise EngineError("engine config: threads must be >= 1")
 
@@ -68,4 +77,6 @@ class EngineConfig:
             max_decode_slowdown=settings.max_decode_slowdown,
             prefix_cache_bytes=settings.prefix_cache_mb * 1024 * 1024, max_context=settings.max_context,
             threads=settings.torch_threads, bf16_matmul=settings.bf16_matmul,
+            speculative_tokens=settings.speculative_tokens, jump_forward=settings.jump_forward,
+            prompt_lookup=settings.prompt_lookup,
         )

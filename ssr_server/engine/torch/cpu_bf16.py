@@ -8,6 +8,15 @@ not (a 1024x3072 layer: 1 row 0.29 ms bf16 vs 0.73 ms upcast; 8 rows 1.5 vs 1.2;
 weight (exactly: bf16 is a truncated fp32), multiplies in fp32 and rounds the result to bf16 - the
 same arithmetic as a bf16 GEMM with fp32 accumulation, through the fast kernel. Weights, activations
 and the KV cache stay bf16; decoding keeps the native path.
+
+On a CPU *with* bf16 arithmetic the native kernel is the right one, but PyTorch hands oneDNN the plain
+``(out, in)`` weight on every call and oneDNN reorders it into its blocked layout each time: for a
+decode step (one row per sequence) that reorder reads and writes the whole weight again, so a bf16
+gemv ran at a third of the memory bandwidth (SmolLM2-135M: 50 ms per decode step, of which 86% in
+``aten::mm``). ``install_packed_linear`` reorders each bf16 weight once, at load time
+(``mkldnn._reorder_linear_weight``, what inductor's CPU freezing does), and multiplies with the packed
+copy (``mkldnn._linear_pointwise``): the same kernel and the same results, bit for bit, at every row
+count, without the per-call reorder. It costs a second copy of the linear weights in memory.
 """
 
 from __future__ import annotations
@@ -61,3 +70,48 @@ def install_fp32_matmul(model: Any, min_rows: int = 8) -> int:
             count += 1
     model.ssr_fp32_matmul_layers = count  # visible to benchmarks and logs
     return count
+
+
+def can_pack() -> bool:
+    """Whether this PyTorch build has oneDNN's packed linear (CPU builds with mkldnn do)."""
+    ops = torch.ops.mkldnn
+    return bool(torch.backends.mkldnn.is_available()) and hasattr(ops, "_reorder_linear_weight") \
+        and hasattr(ops, "_linear_pointwise")
+
+
+def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    packed: torch.Tensor = self.ssr_packed_weight  # type: ignore[assignment]
+    if x.dtype != torch.bfloat16:  # not ours to change (e.g. a caller that upcast the input)
+        return F.linear(x, self.weight, self.bias)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")  # type: ignore[no-any-return]
+
+
+def install_packed_linear(model: Any) -> int:
+    """Give every bf16 CPU ``nn.Linear`` of ``model`` a oneDNN-packed copy of its weight, used by its
+    forward (see the module's docstring). The plain weight stays: code that reads it (the output
+    head's blockwise log-probabilities, a tied embedding) is unchanged."""
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, nn.Linear) and weight is not None and weight.dtype == torch.bfloat16 \
+                and weight.device.type == "cpu":
+            with torch.no_grad():
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+            # a plain attribute, not a buffer: state_dict, .to() and parameter counts do not see it
+            object.__setattr__(module, "ssr_packed_weight", packed)
+            module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
+            count += 1
+    model.ssr_packed_linear_layers = count  # visible to benchmarks and logs
+    return count
+
+
+def use_packed(model: Any, on: bool) -> None:
+    """Switch the packed weights installed by ``install_packed_linear`` off (PyTorch's kernel on the
+    plain weight) or on again: benchmarks and tests compare the two on one loaded model."""
+    for module in model.modules():
+        if getattr(module, "ssr_packed_weight", None) is None:
+            continue
+        if on:
+            module.forward = types.MethodType(_packed_forward, module)
+        else:
+            module.__dict__.pop("forward", None)

@@ -1,4 +1,5 @@
-"""One decode step of a running generation: next token (grammar mask, sampling) and whether it ends there.
+"""One decode step of a running generation: next token (grammar mask, sampling), the verification of
+the draft fed after it, and whether the generation ends there.
 
 A generation ends at end-of-sequence (unless ``ignore_eos``), at a stop string, when its grammar's
 text is complete (only end-of-sequence allowed: checked right after the token is accepted, so no
@@ -8,6 +9,8 @@ forward is spent on the end token), or at ``max_new_tokens``.
 from __future__ import annotations
 
 import time
+
+import torch
 
 from ssr_server.core.errors import EngineError
 from ssr_server.core.protocol import FinishReason, Generation
@@ -20,25 +23,81 @@ class Decoder:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self._pieces: dict[int, str] = {}  # token id -> its text alone (stop-string pre-check)
+        self._spelled: dict[str, list[int]] = {}
 
     def _decode(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=False))  # type: ignore[attr-defined]
 
-    def next_token(self, seq: Seq) -> int:
-        """Sample ``seq``'s next token from its logits (masked by its grammar) and record it."""
+    def decode(self, ids: list[int]) -> str:
+        return self._decode(ids)
+
+    def encode(self, text: str) -> list[int]:
+        """``text`` as the tokenizer spells it (forced grammar text: a few strings, over and over)."""
+        hit = self._spelled.get(text)
+        if hit is None:
+            tok = self.tokenizer
+            hit = self._spelled[text] = list(tok.encode(text, add_special_tokens=False))  # type: ignore[attr-defined]
+            if len(self._spelled) > 4096:
+                self._spelled.clear()
+        return hit
+
+    def choose(self, seq: Seq, logits: torch.Tensor) -> int:
+        """The token ``seq`` takes after ``logits`` (masked by its grammar, in its current state)."""
         grammar = seq.job.grammar
-        logits = seq.logits
         if grammar is not None:  # on a copy: the unmasked logits may be cached with the sequence
+            t0 = time.perf_counter()
             logits = logits.clone()
             grammar.mask(logits)
+            seq.stats.grammar_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
         tok = seq.sampler(logits)
-        if grammar is not None and not grammar.accept(tok):
-            raise EngineError(f"the grammar rejected sampled token {tok}")
-        seq.generated.append(tok)
+        seq.stats.sample_s += time.perf_counter() - t0
         return tok
+
+    def take(self, seq: Seq, tok: int) -> None:
+        """Record ``tok`` as ``seq``'s next token (advancing its grammar)."""
+        grammar = seq.job.grammar
+        if grammar is not None:
+            t0 = time.perf_counter()
+            ok = grammar.accept(tok)
+            seq.stats.grammar_s += time.perf_counter() - t0
+            if not ok:
+                raise EngineError(f"the grammar rejected sampled token {tok}")
+        seq.generated.append(tok)
+
+    def next_token(self, seq: Seq) -> int:
+        """``seq``'s next token: the one its last verification chose, or one chosen from its logits."""
+        tok = seq.pending if seq.pending is not None else self.choose(seq, seq.logits)
+        seq.pending = None
+        self.take(seq, tok)
+        return tok
+
+    def verify(self, seq: Seq, draft: list[int], logits: torch.Tensor) -> tuple[int, Generation | None]:
+        """Keep the longest prefix of ``draft`` that ``seq`` would have chosen itself. ``logits[i]``:
+        the distribution after the fed token before ``draft[i]`` (one row more than the draft). Each
+        choice is made exactly as one-token decoding makes it (same mask, same sampler, same draw):
+        the first one that differs from the draft becomes ``seq.pending``, the next step's token.
+        Returns the tokens kept and the result if one of them ended the generation."""
+        for i, tok in enumerate(draft):
+            chosen = self.choose(seq, logits[i])
+            if chosen != tok:
+                seq.pending = chosen
+                return i, None
+            self.take(seq, tok)
+            result = self.finished(seq)
+            if result is not None:
+                return i + 1, result
+        return len(draft), None
 
     def finished(self, seq: Seq) -> Generation | None:
         """The result when the newest token ends the generation, else None."""
+        t0 = time.perf_counter()
+        try:
+            return self._finished(seq)
+        finally:
+            seq.stats.detok_s += time.perf_counter() - t0
+
+    def _finished(self, seq: Seq) -> Generation | None:
         params = seq.job.params
         tok = seq.generated[-1]
         grammar = seq.job.grammar
@@ -72,8 +131,10 @@ class Decoder:
         return Generation(
             token_ids=tuple(seq.generated), text=text[:cut], finish_reason=reason,
             prompt_tokens=seq.prompt_tokens, cached_tokens=seq.cached_tokens, elapsed_s=elapsed,
-            stop_text=stop_text,
-            timings={"queue_s": seq.started - seq.job.submitted, "generate_s": elapsed},
+            stop_text=stop_text, forwards=seq.stats.forwards,
+            timings={"queue_s": seq.job.admitted - seq.job.submitted,
+                     "prefill_s": seq.started - seq.job.admitted, "generate_s": elapsed,
+                     **seq.stats.timings()},
         )
 
     def _piece(self, tok: int) -> str:

@@ -139,6 +139,13 @@ class GrammarState:
             self._fill()
         return True
 
+    def jump_forward(self) -> tuple[list[int], str]:
+        """The text the grammar forces from here, and its tokens as xgrammar spells them (without a
+        last piece that a longer token could extend: the caller may spell that rest itself)."""
+        if self.matcher.is_terminated():
+            return [], ""
+        return list(self.matcher.find_jump_forward_tokens()), str(self.matcher.find_jump_forward_string())
+
     @property
     def complete(self) -> bool:
         """The text is complete: the grammar allows nothing but end-of-sequence (or accepted it)."""

@@ -17,6 +17,7 @@ from ssr_server.engine.torch.grammar import GrammarState
 from ssr_server.engine.torch.kv import SeqKV
 from ssr_server.engine.torch.runner import Prepared
 from ssr_server.engine.torch.sampling import Sampler
+from ssr_server.engine.torch.speculate import TokenHistory
 
 
 @dataclass(eq=False)
@@ -25,6 +26,7 @@ class Job:
     future: cf.Future[object] = field(default_factory=cf.Future)
     cancelled: bool = False
     submitted: float = field(default_factory=time.perf_counter)
+    admitted: float = 0.0  # when the worker first took it (then its prefill, if any, begins)
     prep: Prepared | None = None  # set once resolved against the prefix cache
     paced: bool = False  # a long prefill: chunked, and paced against other runs' latency-critical work
 
@@ -69,6 +71,7 @@ class ScoreJob(Job):
 class GenerateJob(Job):
     params: GenerationParams = field(default_factory=GenerationParams)
     grammar: GrammarState | None = None  # built off the worker thread (compiling costs ~0.5 s)
+    draft: list[int] = field(default_factory=list)  # its first tokens, drafted into its prompt's forward
 
     @property
     def need(self) -> int:
@@ -77,6 +80,25 @@ class GenerateJob(Job):
     @property
     def reserve(self) -> int:
         return self.params.max_new_tokens + 1
+
+
+@dataclass
+class SeqStats:
+    """Where a generation's time went after its prefill (``ssr-server bench actions`` reads them)."""
+
+    forwards: int = 0  # decode forwards it took part in
+    drafted: int = 0  # draft tokens fed (jump-forward and prompt lookup)
+    accepted: int = 0  # of those, kept
+    forward_s: float = 0.0  # wall time of those forwards (shared with the other jobs in them)
+    grammar_s: float = 0.0  # masks, accepts and bitmask refills
+    sample_s: float = 0.0
+    draft_s: float = 0.0
+    detok_s: float = 0.0  # detokenising: stop-string checks and the final text
+
+    def timings(self) -> dict[str, float]:
+        return {"forward_s": self.forward_s, "grammar_s": self.grammar_s, "sample_s": self.sample_s,
+                "draft_s": self.draft_s, "detok_s": self.detok_s, "drafted": float(self.drafted),
+                "accepted": float(self.accepted)}
 
 
 @dataclass(eq=False)
@@ -92,7 +114,10 @@ class Seq:
     cached_tokens: int
     started: float
     logits: torch.Tensor  # (vocab,) float32: the distribution of the next token
+    history: TokenHistory  # context and output, for prompt lookup
     generated: list[int] = field(default_factory=list)
+    pending: int | None = None  # chosen by the last verification, taken at the next step
+    stats: SeqStats = field(default_factory=SeqStats)
 
 
 def resolve(job: Job, value: list[CandidateScore] | Generation) -> None:

@@ -125,16 +125,27 @@ def load_model(path_or_id: str, config: EngineConfig | None = None) -> LoadedMod
 
 
 def configure_bf16_matmul(model: Any, dtype: torch.dtype, device: torch.device, mode: str = "auto") -> bool:
-    """``auto``: on a CPU without bf16 arithmetic, multi-token bf16 matmuls use the fp32 kernel
-    (see ``cpu_bf16``); ``native`` never; ``fp32`` always (on CPU). True when installed."""
-    from ssr_server.engine.torch.cpu_bf16 import has_native_bf16, install_fp32_matmul
+    """``auto``: on a CPU without bf16 arithmetic, multi-token bf16 matmuls use the fp32 kernel; on
+    one with it, the native kernel with weights packed once for oneDNN (see ``cpu_bf16``). ``native``:
+    PyTorch's kernel as it is; ``fp32``: always the fp32 kernel (on CPU). True when either is installed."""
+    from ssr_server.engine.torch.cpu_bf16 import (
+        can_pack,
+        has_native_bf16,
+        install_fp32_matmul,
+        install_packed_linear,
+    )
 
     if mode not in ("auto", "native", "fp32"):
         raise EngineError(f"bf16_matmul must be auto, native or fp32, not {mode!r}")
     if dtype != torch.bfloat16 or device.type != "cpu" or mode == "native":
         return False
     if mode == "auto" and has_native_bf16():
-        return False
+        if not can_pack():
+            return False
+        n = install_packed_linear(model)
+        log.info("bf16 on a CPU with bf16 arithmetic: %d linear layers multiply with oneDNN-packed "
+                 "weights", n)
+        return n > 0
     n = install_fp32_matmul(model)
     log.info("bf16 on a CPU without bf16 arithmetic: %d linear layers use the fp32 kernel for "
              "multi-token forwards", n)

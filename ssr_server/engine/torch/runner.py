@@ -96,6 +96,8 @@ class ModelRunner:
         limits = [n for n in (max_context, lm.max_positions) if n]
         self.max_context: int | None = min(limits) if limits else None
         self._text_model = getattr(lm.base, "language_model", lm.base)
+        # transformers' get_output_embeddings() costs ~0.1 ms a call: once per decode step otherwise
+        self._head = lm.lm_head
         # transformers renamed the cache argument (5.19+: ``cache``; ``past_key_values`` warns, and goes
         # in 5.40); the GPU machine's 5.17 knows only the old name.
         params = inspect.signature(lm.base.forward).parameters
@@ -137,11 +139,13 @@ class ModelRunner:
         for c in chunks:
             rows.extend(o + r for r in c.logits_rows)
             o += len(c.ids)
-        if rows:
-            logits = lm.lm_head(hidden[torch.tensor(rows, dtype=torch.long, device=dev)]).float()
+        if rows == list(range(t_total)):  # every row in order (decode steps): no gather
+            logits = self._head(hidden).float()
+        elif rows:
+            logits = self._head(hidden[torch.tensor(rows, dtype=torch.long, device=dev)]).float()
         else:
             logits = hidden.new_zeros((0, self.vocab_size), dtype=torch.float32)
-        own = chunk_logprobs(lm.lm_head, chunks, hidden)
+        own = chunk_logprobs(self._head, chunks, hidden)
         inplace = {s.start + a: s.inplace for s in segs for a, _ in s.bounds}
         results: list[ChunkOut] = []
         o = r = 0

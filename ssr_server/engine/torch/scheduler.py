@@ -2,7 +2,9 @@
 
 A step takes, under the budgets of ``EngineConfig`` (tokens and sequences per forward):
 
-1. one decode step of every running generation (round robin once there are more than fit);
+1. one decode step of every running generation (round robin once there are more than fit): its next
+   token followed by a draft of the tokens likely to come next (``speculate.py``), verified when the
+   forward has run; a generation's first draft rides in its prompt's last prefill chunk;
 2. the candidates of score jobs, oldest first (SSR's selection step is the latency-critical one: it
    goes ahead of every prefill, and the oldest always runs), on their cached context, or - when only a
    short rest of it is new (a turn's observation) - after that rest in the same forward, so that a
@@ -28,15 +30,18 @@ from collections import deque
 import torch
 
 from ssr_server.core.errors import EngineError, SSRError
+from ssr_server.core.protocol import Generation
 from ssr_server.engine.torch.batch import Batch, Work
 from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.decode import Decoder
+from ssr_server.engine.torch.drafter import Drafter
 from ssr_server.engine.torch.jobs import GenerateJob, Job, ScoreJob, Seq, fail, resolve
 from ssr_server.engine.torch.pacing import Pacer
 from ssr_server.engine.torch.prefill_queue import PrefillQueue
 from ssr_server.engine.torch.prefix_cache import CacheEntry
 from ssr_server.engine.torch.runner import Chunk, ChunkOut, ModelRunner
 from ssr_server.engine.torch.sampling import Sampler
+from ssr_server.engine.torch.speculate import DraftConfig
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,8 @@ class Scheduler:
         self.config = config
         self.decoder = Decoder(runner.lm.tokenizer, eos_ids)
         self.pacer = Pacer(config.max_decode_slowdown, config.min_prefill_chunk, config.prefill_chunk_size)
+        drafts = DraftConfig(config.speculative_tokens, config.jump_forward, config.prompt_lookup)
+        self.drafter = Drafter(drafts, config.speculative_batch_tokens, self.decoder, runner.vocab_size)
         self._inbox: list[Job] = []
         self._prefills = PrefillQueue(runner, config, self.pacer)
         self._ready: deque[ScoreJob] = deque()  # contexts cached, candidates not yet scored
@@ -138,6 +145,7 @@ class Scheduler:
     def _admit(self, job: Job) -> None:
         if job.dropped():
             return
+        job.admitted = job.admitted or time.perf_counter()
         try:
             job.prep = p = self.runner.prepare(job.ctx, reuse_candidates=isinstance(job, GenerateJob),
                                                reserve=job.reserve, need=job.need)
@@ -163,8 +171,9 @@ class Scheduler:
         kv = p.entry.kv.fork(extra=job.reserve + 16) if p.entry is not None else p.kv
         assert kv is not None
         sampler = Sampler(job.params, self.runner.device)
+        history = self.drafter.history(list(p.exp.key))
         self._running.append(Seq(job, kv, list(p.exp.key), p.next_pos, sampler, len(p.exp.ids),
-                                 p.cached_tokens, time.perf_counter(), p.last_logits))
+                                 p.cached_tokens, time.perf_counter(), p.last_logits, history))
 
     # ---- planning ------------------------------------------------------------------------------
     def _plan(self) -> Batch:
@@ -175,8 +184,10 @@ class Scheduler:
         return batch
 
     def _plan_decode(self, batch: Batch) -> None:
-        """Sample each running generation's next token; feed those that go on (round robin)."""
+        """Choose each running generation's next token; feed those that go on (round robin), each
+        followed by its draft (verified when the forward has run: ``_after_decode``)."""
         dims = 3 if self.runner.lm.is_vl else 1
+        draft_room = self.drafter.budget()
         for _ in range(len(self._running)):
             if not batch.room(1):
                 break
@@ -193,8 +204,15 @@ class Scheduler:
             except Exception as exc:
                 fail(seq.job, _as_ssr(exc))
                 continue
-            pos = torch.full((dims, 1), seq.next_pos, dtype=torch.long, device=self.runner.device)
-            batch.add(Work("decode", seq.job, [Chunk(seq.kv, [tok], pos, [0], past_len=seq.kv.length)], seq))
+            room = min(draft_room, seq.job.params.max_new_tokens - len(seq.generated),
+                       self.config.max_num_batched_tokens - batch.tokens - 1)
+            draft = self.drafter.for_step(seq, tok, room)
+            draft_room -= len(draft)
+            ids = [tok, *draft]
+            pos = torch.arange(seq.next_pos, seq.next_pos + len(ids), dtype=torch.long,
+                               device=self.runner.device).expand(dims, len(ids))
+            chunk = Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=seq.kv.length)
+            batch.add(Work("decode", seq.job, [chunk], seq))
             self._running.append(seq)  # served: to the back
 
     def _plan_scoring(self, batch: Batch) -> None:
@@ -225,13 +243,27 @@ class Scheduler:
     def _plan_prefill(self, batch: Batch) -> None:
         for job in self._prefills.prune():  # their leader was dropped: they prefill themselves
             self._admit(job)
+        first = len(batch.works)
         self._prefills.plan(batch)
+        for w in batch.works[first:]:  # a generation's first draft rides in its prompt's last chunk
+            if isinstance(w.owner, GenerateJob):
+                room = min(self.drafter.budget(), self.config.max_num_batched_tokens - batch.tokens)
+                n = len(w.chunks[0].ids)
+                w.chunks[0] = self.drafter.into_prompt(w.owner, w.chunks[0], room)
+                batch.tokens += len(w.chunks[0].ids) - n
+                batch.multi_tokens += len(w.chunks[0].ids) - n
 
     # ---- running -------------------------------------------------------------------------------
     def _forward(self, batch: Batch) -> list[list[ChunkOut] | None]:
         """Per work, its chunks' outputs (None: it failed, and its job was failed)."""
+        t0 = time.perf_counter()
         try:
             flat = self.runner.forward([c for w in batch.works for c in w.chunks])
+            spent = time.perf_counter() - t0
+            for w in batch.works:
+                if w.seq is not None:
+                    w.seq.stats.forwards += 1
+                    w.seq.stats.forward_s += spent
         except Exception as exc:
             if len(batch.works) == 1:
                 fail(batch.works[0].owner, _as_ssr(exc))
@@ -261,7 +293,7 @@ class Scheduler:
                 continue
             try:
                 if w.seq is not None:
-                    self._after_decode(w.seq, o[0])
+                    self._after_decode(w.seq, w.chunks[0], o[0])
                 else:
                     self._after_prefill(w.owner, w.chunks[0], o[0])
             except Exception as exc:
@@ -302,21 +334,27 @@ class Scheduler:
 
     def _after_prefill(self, job: Job, chunk: Chunk, out: ChunkOut) -> None:
         assert job.prep is not None
+        full, draft = out, list[int]()
+        if isinstance(job, GenerateJob):
+            chunk, out, draft = self.drafter.split_prompt(job, chunk, out)
         self.runner.commit(job.prep, chunk, out)
         if job.prep.todo == 0:
             followers = self._prefills.leave(job)
             self._prefilled(job)
+            if draft:
+                seq = self._running[-1]
+                self._finish_if(seq, self.drafter.keep(seq, [], draft, full, offset=len(chunk.ids)))
             for f in followers:  # the prefix they waited for is in the prefix cache now
                 self._admit(f)
 
-    def _after_decode(self, seq: Seq, out: ChunkOut) -> None:
-        if out.inplace:
-            seq.kv.length += 1
-        else:
-            seq.kv.append(out.keys, out.values)
-        seq.key.append(seq.generated[-1])
-        seq.next_pos += 1
-        seq.logits = out.logits[0]
+    def _after_decode(self, seq: Seq, chunk: Chunk, out: ChunkOut) -> None:
+        """Keep the fed token and the part of its draft the sequence would have chosen itself."""
+        self._finish_if(seq, self.drafter.keep(seq, chunk.ids[:1], chunk.ids[1:], out))
+
+    def _finish_if(self, seq: Seq, result: Generation | None) -> None:
+        if result is not None:  # then its job is done, and the next plan drops it from the running
+            self._cache_finished(seq)
+            resolve(seq.job, result)
 
     def _cache_finished(self, seq: Seq) -> None:
         # The KV holds everything but the last sampled token (never fed): cache it for the next turn,

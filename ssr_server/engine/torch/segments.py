@@ -157,6 +157,8 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
             # same result as enable_gqa without its repeat of K/V (measured 20-25% faster per call).
             o = torch.nn.functional.scaled_dot_product_attention(
                 q.reshape(1, kv_heads, heads // kv_heads, d), k, v, scale=scaling)
+            if len(segs) == 1:  # one sequence's decode step: its output is the whole output
+                return o.reshape(1, heads, 1, d).transpose(1, 2), None
             out[:, :, s.start : s.end] = o.reshape(1, heads, 1, d)
             continue
         out[:, :, s.start : s.end] = torch.nn.functional.scaled_dot_product_attention(

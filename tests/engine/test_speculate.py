@@ -1,0 +1,161 @@
+"""Drafts (jump-forward, prompt lookup) verified in the decode step: the same text as one token per
+forward, greedy and seeded, under grammars, stop strings and budgets; fewer forwards where text is
+forced or copied."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from ssr_server.core.protocol import Context, Generation, GenerationParams, Grammar
+from ssr_server.engine.torch.config import EngineConfig
+from ssr_server.engine.torch.engine import TorchEngine
+from ssr_server.engine.torch.loader import LoadedModel
+from ssr_server.engine.torch.speculate import DraftConfig, TokenHistory
+
+CFG = DraftConfig(max_tokens=8)
+
+
+# ---------------------------------------------------------------- prompt lookup
+
+
+def test_lookup_continues_the_newest_occurrence_of_the_longest_suffix() -> None:
+    h = TokenHistory([1, 2, 3, 9, 9, 5, 2, 3, 4, 7, 8, 6])
+    # the suffix (2, 3) occurs at 1 and 6: the newest (6) wins, its continuation follows
+    assert h.lookup([2, 3], CFG, 3, vocab_size=100) == [4, 7, 8]
+    # a longer suffix beats a newer shorter one: (9, 5, 2) occurs once
+    assert h.lookup([9, 5, 2], CFG, 2, vocab_size=100) == [3, 4]
+    assert h.lookup([42], CFG, 3, vocab_size=100) == []  # nowhere
+    assert h.lookup([2, 3], CFG, 0, vocab_size=100) == []
+    h.extend([2, 3, 11])
+    assert h.lookup([2, 3], CFG, 1, vocab_size=100) == [11]
+    assert h.lookup([2, 3], DraftConfig(ngram_min=3), 2, vocab_size=100) == []  # too short a match
+
+
+def test_lookup_never_drafts_an_image_placeholder() -> None:
+    h = TokenHistory([5, 6, -77, -77, 8, 5, 6])
+    assert h.lookup([], CFG, 4, vocab_size=100) == []  # (5, 6) is followed by a placeholder at once
+    h2 = TokenHistory([5, 6, 7, 150, 9, 5, 6])
+    assert h2.lookup([], CFG, 4, vocab_size=100) == [7]  # cut before a token the model does not have
+
+
+# ---------------------------------------------------------------- against one token per forward
+
+SCHEMA = json.dumps({
+    "type": "object", "additionalProperties": False, "required": ["entity_name_to_look_up", "attribute"],
+    "properties": {"entity_name_to_look_up": {"type": "string", "maxLength": 24},
+                   "attribute": {"type": "string", "enum": ["height", "width", "year completed"]}}})
+
+
+@pytest.fixture(scope="module")
+def engines(lm: LoadedModel) -> Any:
+    plain = TorchEngine(lm, EngineConfig(speculative_tokens=0))
+    drafting = TorchEngine(lm, EngineConfig(speculative_tokens=8))
+    yield plain, drafting
+    for e in (plain, drafting):
+        asyncio.run(e.close())
+
+
+def _ctx(tok: Any, text: str) -> Context:
+    return Context(tuple(tok.encode(text, add_special_tokens=False)))
+
+
+async def _echo_context(engine: TorchEngine, tok: Any) -> Context:
+    """A context in which the model has already written what it tends to write next (its own greedy
+    continuation, then the same opening again): prompt lookup drafts it, and parts of it are right."""
+    base = _ctx(tok, "the entity_name_to_look_up is Raltard Nocturne, year completed 1878. ")
+    own = await engine.generate(base, GenerationParams(max_new_tokens=24, ignore_eos=True))
+    return Context(base.token_ids + own.token_ids + base.token_ids)
+
+
+CASES: list[tuple[str, GenerationParams]] = [
+    ("greedy", GenerationParams(max_new_tokens=40)),
+    ("grammar", GenerationParams(max_new_tokens=60, grammar=Grammar("json_schema", SCHEMA))),
+    ("budget cut mid-draft", GenerationParams(max_new_tokens=7, grammar=Grammar("json_schema", SCHEMA))),
+    ("stop string", GenerationParams(max_new_tokens=40, stop=("ar", "e"))),
+    ("stop string late", GenerationParams(max_new_tokens=40, stop=("1878",))),
+    ("no eos", GenerationParams(max_new_tokens=30, ignore_eos=True)),
+    ("seeded sampling", GenerationParams(max_new_tokens=30, temperature=0.9, top_p=0.95, seed=7)),
+    ("seeded sampling, grammar", GenerationParams(max_new_tokens=60, temperature=1.3, seed=3,
+                                                  grammar=Grammar("json_schema", SCHEMA))),
+]
+
+
+def _same(a: Generation, b: Generation) -> None:
+    assert (a.token_ids, a.text, a.finish_reason, a.stop_text) == (b.token_ids, b.text, b.finish_reason,
+                                                                   b.stop_text)
+
+
+@pytest.mark.parametrize("name,params", CASES, ids=[c[0] for c in CASES])
+def test_drafts_write_what_one_token_per_forward_writes(engines: Any, tok: Any, name: str,
+                                                        params: GenerationParams) -> None:
+    plain, drafting = engines
+    ctx = asyncio.run(_echo_context(plain, tok))
+
+    async def both() -> tuple[Generation, Generation]:
+        return await plain.generate(ctx, params), await drafting.generate(ctx, params)
+
+    a, b = asyncio.run(both())
+    _same(a, b)
+    assert a.forwards >= len(a.token_ids) - 1  # one token per forward (the last needs none)
+    assert b.forwards <= a.forwards
+    if name in ("greedy", "grammar", "no eos"):  # long enough for drafts to be kept
+        assert b.timings["accepted"] > 0 and b.forwards < a.forwards
+
+
+def test_concurrent_drafting_generations_each_write_their_own_text(engines: Any, tok: Any) -> None:
+    """Drafts of several runs verified in the same forward, beside runs without any."""
+    plain, drafting = engines
+    texts = [f"item {i}: alpha beta gamma delta alpha beta gamma delta {i} " * 2 for i in range(5)]
+    params = [GenerationParams(max_new_tokens=24), GenerationParams(max_new_tokens=40,
+                                                                   grammar=Grammar("json_schema", SCHEMA))]
+
+    async def run(engine: TorchEngine) -> list[Generation]:
+        return list(await asyncio.gather(*(engine.generate(_ctx(tok, t), params[i % 2])
+                                           for i, t in enumerate(texts))))
+
+    for a, b in zip(asyncio.run(run(plain)), asyncio.run(run(drafting)), strict=True):
+        _same(a, b)
+    assert drafting.scheduler.max_batch >= 2
+
+
+def test_forced_text_takes_fewer_forwards(engines: Any, tok: Any) -> None:
+    """The keys and brackets of the schema are drafted by jump-forward and always kept."""
+    plain, drafting = engines
+    params = GenerationParams(max_new_tokens=60, grammar=Grammar("json_schema", SCHEMA))
+    ctx = _ctx(tok, "Look it up: ")
+
+    async def both() -> tuple[Generation, Generation]:
+        return await plain.generate(ctx, params), await drafting.generate(ctx, params)
+
+    a, b = asyncio.run(both())
+    _same(a, b)
+    assert b.timings["accepted"] > 0
+    assert b.forwards < a.forwards
+
+
+def test_a_forced_generation_is_drafted_in_its_prompts_forward(engines: Any, lm: LoadedModel,
+                                                              tok: Any) -> None:
+    """The draft after the prompt rides in the prompt's own forward: when the grammar forces every
+    token, the generation is (nearly) over when its prompt is. (The forced text's spelling is
+    xgrammar's; where this random model spells a piece otherwise, one decode step follows.)"""
+    plain, _ = engines
+    drafting = TorchEngine(lm, EngineConfig(speculative_tokens=32))
+    forced = json.dumps({"type": "object", "additionalProperties": False, "required": ["img_idx"],
+                         "properties": {"img_idx": {"const": 0}}})
+    params = GenerationParams(max_new_tokens=30, grammar=Grammar("json_schema", forced))
+    ctx = _ctx(tok, "Search with the picture: ")
+
+    async def both() -> tuple[Generation, Generation]:
+        return await plain.generate(ctx, params), await drafting.generate(ctx, params)
+
+    try:
+        a, b = asyncio.run(both())
+    finally:
+        asyncio.run(drafting.close())
+    _same(a, b)
+    assert json.loads(a.text) == {"img_idx": 0}
+    assert a.forwards >= len(a.token_ids) - 1 and b.forwards <= 1
