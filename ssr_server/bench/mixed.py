@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ssr_server.bench.actions import set_drafts
+
 FLOOR_ITL_RATIO = 2.0
 LONG_TOKENS = 4000
 _SALTS = itertools.count(int(time.time()))
@@ -179,7 +181,13 @@ def run_mixed_bench(engine: Any, *, long_tokens: int = LONG_TOKENS, decode_token
             mixed.extend(gaps)
             prefill_s.append(took)
 
-    asyncio.run(go())
+    # one token per forward: inter-token latency is the gap between forwards (drafts, which put
+    # several tokens in one forward, are measured by ``bench actions``)
+    set_drafts(engine, False)
+    try:
+        asyncio.run(go())
+    finally:
+        set_drafts(engine, True)
     out: dict[str, Any] = {
         "long_context_tokens": n_long, "decode_tokens": decode_tokens, "repeats": repeats,
         "undisturbed_p50_ms": _pct(alone, 50) * 1e3, "undisturbed_p95_ms": _pct(alone, 95) * 1e3,

@@ -130,7 +130,7 @@ CASES: list[tuple[str, str, Any, int, str | None]] = [
     ("GET", "/no/such/route", None, 404, "not_found"),
     ("POST", "/v1/agent/run", {"question": "x"}, 404, "not_found"),
     ("POST", "/health", None, 405, "method_not_allowed"),
-    ("GET", RUNS, None, 405, "method_not_allowed"),
+    ("PUT", RUNS, None, 405, "method_not_allowed"),
 ]
 
 
