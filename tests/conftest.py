@@ -8,6 +8,8 @@ one costs no model load.
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import os
 import socket
 import threading
@@ -119,3 +121,60 @@ def server_url(torch_engine: Any, demo_tools: Any) -> Iterator[str]:
 def client(server_url: str) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server_url, timeout=120) as c:
         yield c
+
+
+SGLANG_TEST_DIRS = ("sglang", "router")  # the tests that start real SGLang servers
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """SSR_SGLANG_TESTS=0 skips the tests that start real SGLang servers (machines without its venv)."""
+    if os.environ.get("SSR_SGLANG_TESTS", "1") != "0":
+        return
+    roots = [Path(__file__).parent / d for d in SGLANG_TEST_DIRS]
+    for item in items:
+        if any(root in Path(str(item.path)).parents for root in roots):
+            item.add_marker(pytest.mark.skip(reason="SSR_SGLANG_TESTS=0"))
+
+
+class GatedSearch:
+    """A SearxNG stand-in on 127.0.0.1: the first ``free`` searches answer at once, later ones wait for
+    ``open()`` (at most 60 s). For tests that need runs held in a tool call (drain, restart, cancel)."""
+
+    def __init__(self, free: int = 0) -> None:
+        self.gate, self.free, self.hits = threading.Event(), free, 0
+        me = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                me.hits += 1
+                if me.hits > me.free:
+                    me.gate.wait(60)
+                body = json.dumps({"results": [{"title": "A fact", "url": "http://example.invalid/",
+                                                "content": "Something worth knowing."}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def open(self) -> None:
+        self.gate.set()
+
+    def close(self) -> None:
+        self.gate.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="session")
+def gated_search() -> type[GatedSearch]:
+    """``GatedSearch`` for test modules (which cannot import a conftest)."""
+    return GatedSearch

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import event
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from ssr_server.core.config import Settings
@@ -45,28 +45,32 @@ def store_url(settings: Settings) -> str | None:
                          f"got {spec.split('://')[0]!r}...")
 
 
-def make_engine(url: str) -> AsyncEngine:
+def make_engines(url: str) -> tuple[AsyncEngine, Engine | None]:
+    """The store's async engine, and for SQLite the sync engine of its writer thread (see store.sql)."""
     def dumps(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
-    if url.startswith("sqlite"):
-        path = url.split(":///", 1)[1]
-        if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_async_engine(url, json_serializer=dumps, connect_args={"timeout": 30})
+    if not url.startswith("sqlite"):
+        return create_async_engine(url, json_serializer=dumps, pool_size=10, max_overflow=10,
+                                   pool_pre_ping=True), None
+    path = url.split(":///", 1)[1]
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engines = (create_async_engine(url, json_serializer=dumps, connect_args={"timeout": 30}),
+               create_engine(url.replace("sqlite+aiosqlite", "sqlite+pysqlite", 1), json_serializer=dumps,
+                             connect_args={"timeout": 30}))
+    for sync in (engines[0].sync_engine, engines[1]):
+        event.listen(sync, "connect", _pragmas)
+    return engines
 
-        @event.listens_for(engine.sync_engine, "connect")
-        def _pragmas(dbapi_conn: Any, _: Any) -> None:
-            cur = dbapi_conn.cursor()
-            # WAL: readers never wait for the writer; NORMAL: a commit survives a process crash (not a
-            # power cut), the usual choice with WAL.
-            for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=30000"):
-                cur.execute(f"PRAGMA {pragma}")
-            cur.close()
 
-        return engine
-    return create_async_engine(url, json_serializer=dumps, pool_size=10, max_overflow=10,
-                               pool_pre_ping=True)
+def _pragmas(dbapi_conn: Any, _: Any) -> None:
+    cur = dbapi_conn.cursor()
+    # WAL: readers never wait for the writer; NORMAL: a commit survives a process crash (not a power
+    # cut), the usual choice with WAL.
+    for pragma in ("journal_mode=WAL", "synchronous=NORMAL", "foreign_keys=ON", "busy_timeout=30000"):
+        cur.execute(f"PRAGMA {pragma}")
+    cur.close()
 
 
 async def open_store(settings: Settings) -> SqlRunStore | None:
@@ -75,15 +79,17 @@ async def open_store(settings: Settings) -> SqlRunStore | None:
     url = store_url(settings)
     if url is None:
         return None
-    engine = make_engine(url)
+    engine, sync_engine = make_engines(url)
     try:
         await upgrade(engine)
-        store = SqlRunStore(engine, max_runs=settings.run_store_max_runs, ttl_s=settings.run_store_ttl_s,
-                            stale_s=3 * settings.run_store_heartbeat_s)
+        store = SqlRunStore(engine, sync_engine=sync_engine, max_runs=settings.run_store_max_runs,
+                            ttl_s=settings.run_store_ttl_s, stale_s=3 * settings.run_store_heartbeat_s)
         await store.register()
         await store.sweep()
     except BaseException:
         await engine.dispose()
+        if sync_engine is not None:
+            sync_engine.dispose()
         raise
     return store
 

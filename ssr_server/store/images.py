@@ -19,7 +19,9 @@ _MIN_SIDE = 64
 def encode(image: Image.Image, max_bytes: int, source: str = "input", parent: int | None = None,
            box: tuple[int, int, int, int] | None = None) -> ImageBlob:
     """``image`` (RGB) within ``max_bytes``: PNG if it fits, else JPEG at falling quality, then size."""
-    png = _save(image, "PNG")
+    # zlib level 1: a third of the default's CPU for a few percent more bytes (the server's cores are
+    # the engine's; the image is written once and read rarely)
+    png = _save(image, "PNG", compress_level=1)
     if len(png) <= max_bytes:
         return ImageBlob(png, "image/png", image.width, image.height, source, parent, box)
     scaled = image

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import torch
 from torch import nn
 
@@ -68,3 +71,62 @@ def test_packed_weights_give_the_native_kernels_results() -> None:
     m = _model()
     assert configure_bf16_matmul(m, torch.bfloat16, torch.device("cpu"), "auto")
     assert getattr(m, "ssr_packed_linear_layers", 0) == (2 if has_native_bf16() else 0)
+
+
+class _Block(nn.Module):
+    """The shape of a decoder layer's projections: q/k/v read one input, gate/up another."""
+
+    def __init__(self, bias: bool) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(64, n, bias=bias) for n in (64, 16, 16))
+        self.o_proj = nn.Linear(64, 64, bias=False)
+        self.gate_proj, self.up_proj = nn.Linear(64, 128, bias=False), nn.Linear(64, 128, bias=False)
+        self.down_proj = nn.Linear(128, 64, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        h = x + self.o_proj(q * torch.cat([k, v, k, v], dim=-1))
+        out: torch.Tensor = h + self.down_proj(torch.nn.functional.silu(self.gate_proj(h)) * self.up_proj(h))
+        return out
+
+
+def test_sibling_projections_share_one_packed_weight_with_the_same_results(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """q/k/v and gate/up packed as one weight each: one product instead of three and two, the same
+    bits as each projection alone (and as PyTorch's own kernel on CPUs with bf16); a sibling called
+    with another input than the first one's multiplies by itself."""
+    from ssr_server.engine.torch import cpu_bf16
+    from ssr_server.engine.torch.cpu_bf16 import install_packed_linear, use_packed
+
+    calls: list[int] = []
+    real = cpu_bf16._linear
+    def counted(*args: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(cpu_bf16, "_linear", counted)
+
+    for bias in (False, True):
+        torch.manual_seed(0)
+        native = _Block(bias).to(torch.bfloat16)
+        fused = _Block(bias).to(torch.bfloat16)
+        fused.load_state_dict(native.state_dict())
+        assert install_packed_linear(fused) == 7 and fused.ssr_fused_linear_layers == 5  # type: ignore[attr-defined]
+        for shape in ((1, 1, 64), (1, 9, 64), (40, 64)):
+            x = torch.randn(shape).to(torch.bfloat16)
+            a = native(x)
+            calls.clear()
+            b = fused(x)
+            assert len(calls) == 4  # qkv, o, gate+up, down
+            if has_native_bf16():
+                assert torch.equal(a, b), (bias, shape)
+            else:
+                torch.testing.assert_close(b.float(), a.float(), atol=5e-2, rtol=5e-2)
+            use_packed(fused, False)  # PyTorch's kernel on the plain weights, then packed again
+            torch.testing.assert_close(fused(x).float(), a.float(), atol=0, rtol=0)
+            use_packed(fused, True)
+        x, y = torch.randn(1, 64).to(torch.bfloat16), torch.randn(1, 64).to(torch.bfloat16)
+        fused.q_proj(x)
+        assert torch.equal(fused.k_proj(y), native.k_proj(y))  # another input: its own product
+        v = fused.v_proj(x)  # the first one's input: its slice of the shared product
+        assert v.shape == (1, 16) and (torch.equal(v, native.v_proj(x)) or not has_native_bf16())

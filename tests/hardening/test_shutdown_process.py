@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -72,41 +70,9 @@ candidates:
 """
 
 
-class HeldSearch:
-    """A SearxNG stand-in: each search waits until ``release`` is set (at most 60 s), then answers."""
-
-    def __init__(self) -> None:
-        release, hits = self.release, self.hits = threading.Event(), [0]
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                hits[0] += 1
-                release.wait(60)
-                body = json.dumps({"results": [{"title": "A fact", "url": "http://example.invalid/",
-                                                "content": "Something worth knowing."}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.release.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture()
-def search() -> Iterator[HeldSearch]:
-    held = HeldSearch()
+def search(gated_search: Any) -> Iterator[Any]:
+    held = gated_search(free=0)  # every search waits for open()
     yield held
     held.close()
 
@@ -127,7 +93,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture()
-def start(tiny_model_dir: Path, cache_dir: Path, library_dir: Path, search: HeldSearch,
+def start(tiny_model_dir: Path, cache_dir: Path, library_dir: Path, search: Any,
           tmp_path: Path) -> Iterator[Any]:
     procs: list[Proc] = []
 
@@ -205,17 +171,17 @@ def _assert_shutting_down(r: httpx.Response) -> None:
     assert retry.isdigit() and int(retry) >= 1, r.headers
 
 
-async def _held(client: httpx.AsyncClient, search: HeldSearch, running: int) -> None:
+async def _held(client: httpx.AsyncClient, search: Any, running: int) -> None:
     """Wait until ``running`` runs are admitted and each has a search held by the backend."""
 
     async def ready() -> bool:
-        return bool((await _ready(client))["runs_in_flight"] == running and search.hits[0] >= running)
+        return bool((await _ready(client))["runs_in_flight"] == running and search.hits >= running)
 
     await _poll(ready, 60, f"{running} runs in flight, each in a held search")
 
 
 async def test_sigterm_finishes_runs_in_flight_and_answers_new_ones_503(start: Any,
-                                                                      search: HeldSearch) -> None:
+                                                                      search: Any) -> None:
     drain_s = 60.0
     proc = start(drain_timeout_s=drain_s)
     async with httpx.AsyncClient(base_url=proc.url, timeout=120) as client:
@@ -238,7 +204,7 @@ async def test_sigterm_finishes_runs_in_flight_and_answers_new_ones_503(start: A
             assert (await fresh.get("/health")).status_code == 200  # alive, just not ready
         assert not plain.done() and not sse.done()
 
-        search.release.set()  # the runs go on to their end
+        search.open()  # the runs go on to their end
         r = await asyncio.wait_for(plain, 120)
         assert r.status_code == 200, r.text[:300]
         assert r.json()["outcome"] in OUTCOMES, r.json()["outcome"]
@@ -251,7 +217,7 @@ async def test_sigterm_finishes_runs_in_flight_and_answers_new_ones_503(start: A
 
 
 async def test_runs_past_the_drain_deadline_are_cancelled_and_answered_503(start: Any,
-                                                                          search: HeldSearch) -> None:
+                                                                          search: Any) -> None:
     """Runs held in their searches against a 1 s drain: cut at the deadline, each answered with a
     JSON 503 (the stream with a final error event), the queued request too; then the process goes."""
     drain_s = 1.0
@@ -280,7 +246,7 @@ async def test_runs_past_the_drain_deadline_are_cancelled_and_answered_503(start
     assert "runs still in flight after the 1 s drain were cancelled" in proc.tail()
 
 
-async def test_a_second_signal_exits_without_waiting_for_the_drain(start: Any, search: HeldSearch) -> None:
+async def test_a_second_signal_exits_without_waiting_for_the_drain(start: Any, search: Any) -> None:
     proc = start(drain_timeout_s=600)
     async with httpx.AsyncClient(base_url=proc.url, timeout=120) as client:
         run = asyncio.create_task(client.post("/v1/agent/runs", json=HELD))

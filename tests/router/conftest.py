@@ -6,23 +6,12 @@ PyPI, ``--policy manual``), started once for the module by scripts/sglang-router
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from ssr_server.bench.router_harness import HarnessError, RouterHarness
 from ssr_server.models import default_model_dir
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("SSR_SGLANG_TESTS", "1") != "0":
-        return
-    here = Path(__file__).parent
-    for item in items:  # this hook sees the whole session's items: only skip ours
-        if here in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.skip(reason="SSR_SGLANG_TESTS=0"))
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import glob
-import http.server
-import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,47 +37,9 @@ candidates:
 GATED = {"question": "Who built this?", "mode": "ssr", "library": "gated", "max_turns": 6}
 
 
-class GatedSearch:
-    """A SearxNG stand-in: the first ``free`` searches answer at once, later ones wait for ``open()``
-    (at most 60 s)."""
-
-    def __init__(self, free: int = 0) -> None:
-        self.gate, self.free, self.hits = threading.Event(), free, 0
-        me = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                me.hits += 1
-                if me.hits > me.free:
-                    me.gate.wait(60)
-                body = json.dumps({"results": [{"title": "A fact", "url": "http://example.invalid/",
-                                                "content": "Something worth knowing."}]}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def open(self) -> None:
-        self.gate.set()
-
-    def close(self) -> None:
-        self.gate.set()
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture()
-def search() -> Iterator[GatedSearch]:
-    s = GatedSearch(free=1)
+def search(gated_search: Any) -> Iterator[Any]:
+    s = gated_search(free=1)
     yield s
     s.close()
 
@@ -103,7 +62,7 @@ def stored(torch_engine: Any, demo_tools: Any, library_dir: Path) -> Callable[..
     ``store_url``; with ``search`` its text search is that backend (else the demo world's tools)."""
 
     @contextlib.contextmanager
-    def _serve(store_url: str, search: GatedSearch | None = None, **kw: Any) -> Iterator[str]:
+    def _serve(store_url: str, search: Any = None, **kw: Any) -> Iterator[str]:
         settings = Settings(run_store=store_url, library_dirs=(str(library_dir),),
                             searxng_url=search.url if search else None, max_concurrent_runs=4,
                             max_queued_runs=8, **kw)
@@ -199,11 +158,11 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def kit() -> Any:
+def kit(gated_search: Any) -> Any:
     """The helpers above, for test modules (which cannot import a conftest)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(GATED=GATED, get_run=get_run, wait_for=wait_for, GatedSearch=GatedSearch)
+    return SimpleNamespace(GATED=GATED, get_run=get_run, wait_for=wait_for, GatedSearch=gated_search)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,7 +81,8 @@ def test_retention_by_count_and_age_spares_runs_in_flight(store_url: str) -> Non
 
 def test_runs_of_a_dead_server_become_interrupted_and_a_live_ones_do_not(store_url: str) -> None:
     async def work(store: SqlRunStore) -> None:
-        other = SqlRunStore(store.engine, stale_s=store.stale_s)  # a second live server on the store
+        # a second live server on the store
+        other = SqlRunStore(store.engine, sync_engine=store.sync_engine, stale_s=store.stale_s)
         await other.register()
         await other.create(NewRun("theirs", "q", "ssr", "default", {}), "running")
         await store.create(NewRun("mine", "q", "ssr", "default", {}), "running")
@@ -124,6 +126,43 @@ def test_cursor_pages_cover_every_run_once_even_with_equal_times(store_url: str)
         assert (await store.list(RunFilter(since=1000.5), 10)).runs == []
 
     run_with_store(store_url, work)
+
+
+def test_a_write_whose_caller_is_cancelled_still_lands(store_url: str) -> None:
+    """A run cancelled while its turn is being written (a client gone, a drain) loses nothing the store
+    took: the write finishes; and writes that race (PostgreSQL's pool) never make the turn count go back."""
+    async def work(store: SqlRunStore) -> None:
+        await store.create(NewRun("c", "q", "ssr", "default", {}), "running")
+        writes = [asyncio.create_task(store.add_turn("c", {"index": i, "q": [1.0]})) for i in range(5)]
+        await asyncio.sleep(0)  # every write is under way
+        writes[2].cancel()
+        await asyncio.gather(*writes, return_exceptions=True)
+        await asyncio.sleep(0.2 if store.backend == "sqlite" else 0.5)
+        assert [t["index"] for t in await store.turns("c")] == [0, 1, 2, 3, 4]
+        summary = await store.summary("c")
+        assert summary is not None and summary.turns == 5
+
+    run_with_store(store_url, work)
+
+
+def test_closing_the_store_finishes_the_writes_already_queued(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'runs.sqlite3'}"
+
+    async def write_then_close() -> None:
+        store = await open_store(Settings(run_store=url))
+        assert store is not None
+        await store.create(NewRun("w", "q", "ssr", "default", {}), "running")
+        pending = [asyncio.create_task(store.add_turn("w", {"index": i})) for i in range(20)]
+        await asyncio.sleep(0)
+        await store.close()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    asyncio.run(write_then_close())
+
+    async def count(store: SqlRunStore) -> int:
+        return len(await store.turns("w"))
+
+    assert run_with_store(url, count) == 20
 
 
 def test_a_bad_store_setting_is_a_clear_error() -> None:
