@@ -98,11 +98,13 @@ def test_agent_run_without_an_image_searches_text(served: tuple[str, str]) -> No
 
 
 def test_bf16_decode_with_packed_weights_is_bit_identical(real_model_dir: Path) -> None:
-    """The decode speed-up for bf16 on CPUs with bf16 arithmetic (weights packed once for oneDNN) leaves
-    every logit of a greedy decode unchanged: 16 steps with and without it, token for token."""
+    """The decode speed-ups for bf16 (weights packed once for oneDNN on CPUs with bf16 arithmetic, q/k/v
+    and gate/up fused; decoder layers without module call overhead) leave every logit of a greedy
+    decode unchanged: 16 steps with and without them, token for token."""
     from ssr_server.core.protocol import Context
     from ssr_server.engine.torch.config import EngineConfig
     from ssr_server.engine.torch.cpu_bf16 import has_native_bf16, use_packed
+    from ssr_server.engine.torch.fast_layers import use_fast_layers
     from ssr_server.engine.torch.loader import load_model
     from ssr_server.engine.torch.prefix_cache import PrefixCache
     from ssr_server.engine.torch.runner import Chunk, ModelRunner
@@ -110,12 +112,15 @@ def test_bf16_decode_with_packed_weights_is_bit_identical(real_model_dir: Path) 
     lm = load_model(str(real_model_dir), EngineConfig(dtype="bf16"))
     packed = getattr(lm.model, "ssr_packed_linear_layers", 0)
     assert packed == (211 if has_native_bf16() else 0)  # 30 layers x 7 projections + the output head
+    assert getattr(lm.model, "ssr_fused_linear_layers", 0) == (150 if has_native_bf16() else 0)
+    assert lm.model.ssr_fast_layers == 30
     runner = ModelRunner(lm, PrefixCache(1 << 30))
     ids = list(lm.tokenizer.apply_chat_template([{"role": "user", "content": "Name three rivers of Europe."}],
                                                 tokenize=True, add_generation_prompt=True, return_dict=False))
 
     def greedy(on: bool) -> tuple[list[int], list[torch.Tensor]]:
         use_packed(lm.model, on)
+        use_fast_layers(lm.model, on)
         p = runner.prepare(Context(tuple(ids)), reserve=32)
         runner.prefill([p], insert=False)
         kv, logits, pos = p.kv, p.last_logits, p.next_pos

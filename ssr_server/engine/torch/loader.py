@@ -11,6 +11,7 @@ import torch
 from ssr_server.core.errors import EngineError
 from ssr_server.engine.torch import segments
 from ssr_server.engine.torch.config import EngineConfig
+from ssr_server.engine.torch.fast_layers import install_fast_layers
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ def load_model(path_or_id: str, config: EngineConfig | None = None) -> LoadedMod
     model.to(device)
     model.eval()
     configure_bf16_matmul(model, torch_dtype, device, cfg.bf16_matmul)
+    install_fast_layers(model)
     tokenizer = AutoTokenizer.from_pretrained(path_or_id)
     image_processor = None
     merge_size = 1
