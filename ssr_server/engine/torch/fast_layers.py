@@ -25,8 +25,36 @@ def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     x32 = x.to(torch.float32)
     variance = x32.pow(2).mean(-1, keepdim=True)
     x32 = x32 * torch.rsqrt(variance + norm.variance_epsilon)
-    out: torch.Tensor = norm.weight * x32.to(dtype)
+    out: torch.Tensor = norm.__dict__["_parameters"]["weight"] * x32.to(dtype)
     return out
+
+
+class _Rotary:
+    """``apply_rotary_pos_emb`` in fewer operations, with the same bits. transformers rotates half of
+    the head with slices, a negation and a concatenation per call: ``rotate_half(x) = cat(-x2, x1)``.
+    That is ``roll(x) * [-1.., 1..]``, and ``(-a) * b == a * (-b)`` exactly in floating point, so the
+    sign goes into ``sin`` instead, once per forward (every layer gets the same ``sin``)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (sin, its signed copy)
+
+    def signed(self, sin: torch.Tensor) -> torch.Tensor:
+        last = self._last  # one read: another thread may replace it meanwhile
+        if last is not None and last[0] is sin:
+            return last[1]
+        half = sin.shape[-1] // 2
+        out = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1).unsqueeze(1)
+        self._last = (sin, out)  # keeps ``sin`` alive: an identity test never meets a recycled id
+        return out
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                 sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        c, s = cos.unsqueeze(1), self.signed(sin)
+        half = q.shape[-1] // 2
+        return (q * c) + (q.roll(half, -1) * s), (k * c) + (k.roll(half, -1) * s)
+
+
+_rotary = _Rotary()
 
 
 def _llama_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
@@ -34,36 +62,47 @@ def _llama_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = N
                  position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
                  past_key_values: Any = None, **kwargs: Any) -> torch.Tensor:
     """``LlamaDecoderLayer.forward`` (with ``LlamaAttention`` and ``LlamaMLP`` inlined)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.llama import modeling_llama as llama
-
-    attn, mlp = self.self_attn, self.mlp
+    attn, q_proj, k_proj, v_proj, o_proj, gate, up, down, act, norm1, norm2 = self.ssr_parts
     cache = cache if cache is not None else past_key_values  # transformers < 5.19 names it so
     if position_embeddings is None:
         raise ValueError("the fast Llama layer needs the model's rotary position embeddings")
     residual = hidden_states
-    h = _rms_norm(self.input_layernorm, hidden_states)
+    h = _rms_norm(norm1, hidden_states)
     input_shape = h.shape[:-1]
     shape = (*input_shape, -1, attn.head_dim)
-    q = attn.q_proj.forward(h).view(shape).transpose(1, 2)
-    k = attn.k_proj.forward(h).view(shape).transpose(1, 2)
-    v = attn.v_proj.forward(h).view(shape).transpose(1, 2)
-    cos, sin = position_embeddings
-    q, k = llama.apply_rotary_pos_emb(q, k, cos, sin)
+    q = q_proj.forward(h).view(shape).transpose(1, 2)
+    k = k_proj.forward(h).view(shape).transpose(1, 2)
+    v = v_proj.forward(h).view(shape).transpose(1, 2)
+    q, k = _rotary(q, k, *position_embeddings)
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx)
-    attention: Callable[..., tuple[torch.Tensor, Any]] = ALL_ATTENTION_FUNCTIONS.get_interface(
-        attn.config._attn_implementation, llama.eager_attention_forward)
+    attention = _attention_of(attn)
     dropout = 0.0 if not attn.training else attn.attention_dropout
     o, _ = attention(attn, q, k, v, attention_mask, dropout=dropout, scaling=attn.scaling,
                      position_ids=position_ids, use_cache=use_cache, **kwargs)
-    o = attn.o_proj.forward(o.reshape(*input_shape, -1).contiguous())
+    o = o_proj.forward(o.reshape(*input_shape, -1).contiguous())
     hidden_states = residual + o
     residual = hidden_states
-    h = _rms_norm(self.post_attention_layernorm, hidden_states)
-    h = mlp.down_proj.forward(mlp.act_fn(mlp.gate_proj.forward(h)) * mlp.up_proj.forward(h))
+    h = _rms_norm(norm2, hidden_states)
+    h = down.forward(act(gate.forward(h)) * up.forward(h))
     out: torch.Tensor = residual + h
     return out
+
+
+def _attention_of(attn: Any) -> Callable[..., tuple[torch.Tensor, Any]]:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.llama.modeling_llama import eager_attention_forward
+
+    fn: Callable[..., tuple[torch.Tensor, Any]] = ALL_ATTENTION_FUNCTIONS.get_interface(
+        attn.config._attn_implementation, eager_attention_forward)
+    return fn
+
+
+def _llama_parts(layer: Any) -> tuple[Any, ...]:
+    # submodules looked up once (nn.Module.__getattr__ is a slow path, ~520 lookups a step otherwise)
+    a, m = layer.self_attn, layer.mlp
+    return (a, a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj, m.act_fn,
+            layer.input_layernorm, layer.post_attention_layernorm)
 
 
 def _fast_forward(module: Any) -> Callable[..., torch.Tensor] | None:
@@ -86,6 +125,7 @@ def install_fast_layers(model: Any) -> int:
         if fwd is None:
             continue
         bound = types.MethodType(fwd, module)
+        object.__setattr__(module, "ssr_parts", _llama_parts(module))
         object.__setattr__(module, "ssr_fast_forward", bound)
         module.forward = bound
         count += 1
