@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssr_server.engine.torch import forwards
+
 log = logging.getLogger(__name__)
 
 
@@ -99,6 +101,7 @@ def _linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")  # type: ignore[no-any-return]
 
 
+PACKED = "ssr_packed_forward"  # where a module's packed forward is kept (forwards.install)
 # Sibling projections (see the module's docstring): names in the order the models call them.
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -149,10 +152,8 @@ def _fuse(model: Any) -> int:
                 continue
             fused = _Fused(linears)
             for i, m in enumerate(linears):
-                fwd = (types.MethodType(lambda self, x, _f=fused: _f.first(self, x), m) if i == 0 else
-                       types.MethodType(lambda self, x, _f=fused, _i=i: _f.sibling(self, x, _i), m))
-                object.__setattr__(m, "ssr_packed_forward", fwd)
-                m.forward = fwd  # type: ignore[method-assign]
+                forwards.install(m, PACKED, (lambda self, x, _f=fused: _f.first(self, x)) if i == 0 else
+                                 (lambda self, x, _f=fused, _i=i: _f.sibling(self, x, _i)))
             count += len(linears)
     return count
 
@@ -170,15 +171,13 @@ def install_packed_linear(model: Any) -> int:
     fused = _fuse(model)
     count = fused
     for module in model.modules():
-        if not _packable(module) or getattr(module, "ssr_packed_forward", None) is not None:
+        if not _packable(module) or getattr(module, PACKED, None) is not None:
             continue
         with torch.no_grad():
             packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 1)
         # a plain attribute, not a buffer: state_dict, .to() and parameter counts do not see it
         object.__setattr__(module, "ssr_packed_weight", packed)
-        fwd = types.MethodType(_packed_forward, module)
-        object.__setattr__(module, "ssr_packed_forward", fwd)
-        module.forward = fwd  # type: ignore[method-assign]
+        forwards.install(module, PACKED, _packed_forward)
         count += 1
     model.ssr_packed_linear_layers = count  # visible to benchmarks and logs
     model.ssr_fused_linear_layers = fused
@@ -188,11 +187,4 @@ def install_packed_linear(model: Any) -> int:
 def use_packed(model: Any, on: bool) -> None:
     """Switch the packed weights installed by ``install_packed_linear`` off (PyTorch's kernel on the
     plain weight) or on again: benchmarks and tests compare the two on one loaded model."""
-    for module in model.modules():
-        fwd = getattr(module, "ssr_packed_forward", None)
-        if fwd is None:
-            continue
-        if on:
-            module.forward = fwd
-        else:
-            module.__dict__.pop("forward", None)
+    forwards.switch(model, PACKED, on)

@@ -12,11 +12,12 @@ measured). A layer class not listed keeps transformers' forward.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from ssr_server.engine.torch import forwards
 
 
 def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
@@ -124,10 +125,8 @@ def install_fast_layers(model: Any) -> int:
         fwd = _fast_forward(module)
         if fwd is None:
             continue
-        bound = types.MethodType(fwd, module)
         object.__setattr__(module, "ssr_parts", _llama_parts(module))
-        object.__setattr__(module, "ssr_fast_forward", bound)
-        module.forward = bound
+        forwards.install(module, "ssr_fast_forward", fwd)
         count += 1
     model.ssr_fast_layers = count  # visible to benchmarks and logs
     return count
@@ -135,11 +134,4 @@ def install_fast_layers(model: Any) -> int:
 
 def use_fast_layers(model: Any, on: bool) -> None:
     """Fast forwards on, or transformers' own again: tests and benchmarks compare the two."""
-    for module in model.modules():
-        fwd = getattr(module, "ssr_fast_forward", None)
-        if fwd is None:
-            continue
-        if on:
-            module.forward = fwd
-        else:
-            module.__dict__.pop("forward", None)
+    forwards.switch(model, "ssr_fast_forward", on)
