@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -37,8 +38,8 @@ class Drafter:
         """Draft tokens one forward may carry."""
         return self.batch_tokens if self.config.enabled else 0
 
-    def history(self, key: list[int]) -> TokenHistory:
-        return TokenHistory(key if self.config.prompt_lookup else [])
+    def history(self, key: Sequence[int]) -> TokenHistory:
+        return TokenHistory(key if self.config.prompt_lookup else ())
 
     def for_step(self, seq: Seq, tok: int, room: int) -> list[int]:
         """The draft to feed after ``tok`` (already taken by ``seq``): at most ``room`` tokens."""
@@ -60,7 +61,7 @@ class Drafter:
             return chunk  # not the prompt's last chunk, or one with an image (positions not text's)
         assert job.prep is not None
         try:
-            draft = speculate.draft(job.grammar, self.history(list(job.prep.exp.key)), [], self.config,
+            draft = speculate.draft(job.grammar, self.history(job.prep.exp.key), [], self.config,
                                     min(room, job.params.max_new_tokens - 1), self.vocab_size, self.decoder)
         except Exception:
             log.exception("drafting failed; prefilling without a draft")

@@ -171,7 +171,7 @@ class Scheduler:
         kv = p.entry.kv.fork(extra=job.reserve + 16) if p.entry is not None else p.kv
         assert kv is not None
         sampler = Sampler(job.params, self.runner.device)
-        history = self.drafter.history(list(p.exp.key))
+        history = self.drafter.history(p.exp.key)  # copied into its own buffer
         self._running.append(Seq(job, kv, list(p.exp.key), p.next_pos, sampler, len(p.exp.ids),
                                  p.cached_tokens, time.perf_counter(), p.last_logits, history))
 

@@ -23,6 +23,7 @@ Two sources, in this order (nano-vllm keeps none of this; SGLang has both, vLLM 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -47,7 +48,7 @@ class DraftConfig:
 class TokenHistory:
     """A sequence's tokens (context, then output) in a growable numpy buffer, for n-gram search."""
 
-    def __init__(self, tokens: list[int]) -> None:
+    def __init__(self, tokens: Sequence[int]) -> None:
         self._buf = np.empty(max(64, 2 * len(tokens)), dtype=np.int64)
         self._buf[: len(tokens)] = tokens
         self.length = len(tokens)
