@@ -155,7 +155,11 @@ def run_decode_bench(model: str, dtype: str = "bf16", threads: int | None = 1, n
                   "threads": torch.get_num_threads(), "cpus": os.cpu_count(), "context_tokens": start,
                   "new_tokens": new_tokens, "repeats": repeats, "weight_bytes": wbytes, "kv_bytes": kv_bytes,
                   "gemv_gb_s": {k: statistics.median(v) for k, v in rates.items()}, "limit_ms": limit_ms,
-                  "rows": rows, "tool_calls": tool_calls}
+                  "rows": rows, "tool_calls": tool_calls,
+                  # what the loaded model runs with (engine/torch/cpu_bf16.py, fast_layers.py)
+                  "packed_linear_layers": getattr(lm.model, "ssr_packed_linear_layers", 0),
+                  "fused_linear_layers": getattr(lm.model, "ssr_fused_linear_layers", 0),
+                  "fast_layers": getattr(lm.model, "ssr_fast_layers", 0)}
     finally:
         asyncio.run(engine.close())
     if json_path:
@@ -176,6 +180,9 @@ def format_decode(r: dict[str, Any]) -> str:
         lines.append(f"{row['kernel']:>10} {row['forward_ms']:>11.2f} {row['forward_x_limit']:>7.2f}x "
                      f"{row['engine_ms_per_token']:>16.2f} {row['engine_x_limit']:>7.2f}x")
     lines.append("forward: one decode step through ModelRunner.forward; engine: greedy generate, per token")
+    lines.append(f"linear layers packed {r.get('packed_linear_layers', 0)} (of them fused siblings "
+                 f"{r.get('fused_linear_layers', 0)}), decoder layers without module overhead "
+                 f"{r.get('fast_layers', 0)}; 'plain' turns the packing off only")
     t = r.get("tool_calls")
     if t:
         lines.append(f"tool calls ({t['calls']} x get_weather, same text: {t['same_text']}): "
