@@ -13,7 +13,6 @@ turn: the bench checks it.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 
 from ssr_server.agent.loop import Agent, RunOptions
 from ssr_server.batch.runner import Job, LocalRunner, Result, run_jobs
+from ssr_server.bench.report import write_json
 from ssr_server.core.actions import ALL_ACTIONS
 from ssr_server.core.protocol import Context, Generation, GenerationParams
 from ssr_server.core.summary import percentiles
@@ -188,7 +188,7 @@ def run(agent: Agent, world: Path, split: str, limit: int | None, concurrency: i
     result = asyncio.run(run_actions_bench(agent, jobs, concurrency=concurrency, modes=modes))
     result.update(world=str(world), split=split)
     if json_path is not None:
-        json_path.write_text(json.dumps(result, indent=1))
+        write_json(json_path, result)
     return result
 
 

@@ -31,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 
 from ssr_server.bench.overload import free_port, png_variants, server_process, status_kb
 from ssr_server.bench.raw_http import RawResponse, read_response, request_head
+from ssr_server.bench.report import write_json
 from ssr_server.core.summary import percentiles
 
 FLOOR_EXPECT_P95_S = 0.2  # Expect: 100-continue: p95 of the 429s
@@ -293,7 +294,7 @@ def run_admission_bench(*, bursts: tuple[int, ...] = (40, 400), clients: tuple[s
     result = AdmissionResult(len(body), images, width * height, alone, alone_s, cases,
                              time.perf_counter() - t0)
     if json_path:
-        Path(json_path).write_text(json.dumps({**asdict(result), "passed": result.passed}, indent=1))
+        write_json(json_path, {**asdict(result), "passed": result.passed})
     return result
 
 

@@ -16,26 +16,14 @@ N x t(1) / t(N): 1.0 when batching buys nothing (compute-bound work), N when N r
 
 from __future__ import annotations
 
-import json
-import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ssr_server.bench.mixed import long_context
+from ssr_server.bench.report import median_ms, write_json
 from ssr_server.core.protocol import Context
 
 LEVELS = (1, 2, 4, 8)
-
-
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()  # warm-up: allocator, KV capacity
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def run_batching_bench(engine: Any, levels: Sequence[int] = LEVELS, past_tokens: int = 600,
@@ -75,8 +63,8 @@ def run_batching_bench(engine: Any, levels: Sequence[int] = LEVELS, past_tokens:
 
     rows = []
     for n in levels:
-        rows.append({"runs": n, "decode_ms": _median_ms(lambda n=n: decode(n), repeats),  # type: ignore[misc]
-                     "selection_ms": _median_ms(lambda n=n: select(n), repeats)})  # type: ignore[misc]
+        rows.append({"runs": n, "decode_ms": median_ms(lambda n=n: decode(n), repeats),  # type: ignore[misc]
+                     "selection_ms": median_ms(lambda n=n: select(n), repeats)})  # type: ignore[misc]
     base = rows[0]
     for row in rows:
         k = row["runs"] / base["runs"]
@@ -86,8 +74,7 @@ def run_batching_bench(engine: Any, levels: Sequence[int] = LEVELS, past_tokens:
               "past_tokens": [e.kv.length for e in entries], "candidate_tokens": [len(c) for c in cands],
               "repeats": repeats, "levels": rows}
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+        write_json(json_path, result)
     return result
 
 

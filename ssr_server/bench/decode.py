@@ -24,25 +24,15 @@ import asyncio
 import json
 import os
 import statistics
-import time
-from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from ssr_server.bench.report import median_ms, write_json
+
 PROMPT = ("Write a short paragraph about the history of Paris, France: its founding, the river Seine, "
           "and three famous landmarks.")
-
-
-def _median_ms(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 class Gemv:
@@ -62,9 +52,9 @@ class Gemv:
     def rates(self, repeats: int = 5) -> dict[str, float]:
         """GB/s per kernel, median of ``repeats``."""
         x, weight, packed = self.x, self.weight, self.packed
-        out = {"torch": self.nbytes / _median_ms(lambda: nn.functional.linear(x, weight), repeats) / 1e6}
+        out = {"torch": self.nbytes / median_ms(lambda: nn.functional.linear(x, weight), repeats) / 1e6}
         if packed is not None:
-            out["packed"] = self.nbytes / _median_ms(
+            out["packed"] = self.nbytes / median_ms(
                 lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), repeats) / 1e6
         return out
 
@@ -138,7 +128,7 @@ def run_decode_bench(model: str, dtype: str = "bf16", threads: int | None = 1, n
             limits.append((wbytes + kv_bytes) / max(round_rates.values()) / 1e6)
             for kind in kinds:
                 use_packed(lm.model, kind != "plain")
-                fwd[kind].append(_median_ms(step, 8))
+                fwd[kind].append(median_ms(step, 8))
                 kv.length = start
                 eng[kind].append(generate())
         use_packed(lm.model, True)
@@ -163,8 +153,7 @@ def run_decode_bench(model: str, dtype: str = "bf16", threads: int | None = 1, n
     finally:
         asyncio.run(engine.close())
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as f:
-            json.dump(result, f, indent=1)
+        write_json(json_path, result)
     return result
 
 

@@ -17,14 +17,13 @@ Printed, never asserted.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from ssr_server.bench.report import write_json
 from ssr_server.engine.torch.loader import LoadedModel
 from ssr_server.engine.torch.scoring import VOCAB_BLOCK, token_logprobs
 
@@ -69,7 +68,7 @@ def run_logprobs_bench(lm: LoadedModel, rows: int = ROWS, repeats: int = 5,
     }
     result["blockwise_over_whole"] = result["blockwise_ms"] / result["whole_ms"]
     if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=1))
+        write_json(json_path, result)
     return result
 
 

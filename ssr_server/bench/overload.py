@@ -31,6 +31,8 @@ from pathlib import Path
 
 import httpx
 
+from ssr_server.bench.report import write_json
+
 FLOOR_PEAK_MB = 1536.0
 
 
@@ -208,7 +210,7 @@ def run_overload_bench(*, running: int = 16, queued: int = 64, factor: int = 4, 
         completed_max_s=max((t for s, t in answers if s == 200), default=0.0),
         baseline_rss_mb=baseline_mb, peak_rss_mb=peak_mb, wall_s=wall, notes=notes)
     if json_path:
-        Path(json_path).write_text(json.dumps({**asdict(result), "passed": result.passed}, indent=1))
+        write_json(json_path, {**asdict(result), "passed": result.passed})
     return result
 
 

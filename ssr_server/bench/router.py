@@ -28,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from ssr_server.bench.report import write_json
 from ssr_server.bench.router_harness import RouterHarness
 from ssr_server.bench.serve import live_server
 from ssr_server.core.protocol import CandidateScore, Context
@@ -290,7 +291,7 @@ def run_router_bench(model: str | None = None, runs: int = 16, concurrencies: Se
     finally:
         h.down()
     if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=1))
+        write_json(json_path, result)
     return result
 
 

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from ssr_server.bench.report import write_json
 from ssr_server.bench.serve import live_server
 from ssr_server.core.summary import percentiles
 
@@ -222,8 +222,7 @@ def run_runstore_bench(runs: int = 10_000, samples: int = 200, *, model: str | N
            "cost_floor_met": None if cost is None else cost["latency_ratio"] <= COST_FLOOR,
            "cpu_count": os.cpu_count(), "load_avg_1m": os.getloadavg()[0]}
     if json_path:
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(out, indent=1))
+        write_json(json_path, out)
     return out
 
 

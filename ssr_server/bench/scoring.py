@@ -25,7 +25,6 @@ into a temporary directory).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import platform
 import shutil
@@ -39,6 +38,7 @@ from typing import Any, TypeVar
 import torch
 from PIL import Image, ImageDraw
 
+from ssr_server.bench.report import write_json
 from ssr_server.core.errors import EngineError
 from ssr_server.core.protocol import Context, ImageRef
 from ssr_server.engine.torch import segments
@@ -367,10 +367,8 @@ def run_scoring_bench(model: str | None, shape: str | None, dtype: str, repeats:
     if profile:
         result["profile"] = _profile(warm, ctx, cands)
     if json_path:
-        Path(json_path).write_text(json.dumps(result, indent=1))
+        write_json(json_path, result)
     return result
-
-
 
 
 def _transformers_version() -> str:

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
+from ssr_server.bench.report import write_json
 from ssr_server.loadtest.generator import run_load
 from ssr_server.loadtest.records import LoadResult
 from ssr_server.loadtest.report import percentiles
@@ -287,9 +286,7 @@ def run_serve_bench(
         "mixed": mixed_result,
     }
     if json_path:
-        p = Path(json_path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(out, indent=1))
+        write_json(json_path, out)
     return out
 
 

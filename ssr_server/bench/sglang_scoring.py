@@ -13,12 +13,12 @@ waits until SGLang is idle: it refuses to flush while a request still counts as 
 from __future__ import annotations
 
 import asyncio
-import json
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from ssr_server.bench.report import write_json
 from ssr_server.core.protocol import CandidateScore, Context, GenerationParams
 from ssr_server.engine.sglang.client import SGLangEngine
 
@@ -92,8 +92,7 @@ def run_sglang_scoring_bench(url: str, model_dir: str, repeats: int = 3,
                              json_path: str | None = None) -> dict[str, Any]:
     result = asyncio.run(run(url, model_dir, repeats))
     if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_json(json_path, result)
     return result
 
 

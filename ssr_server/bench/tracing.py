@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
+from ssr_server.bench.report import write_json
 from ssr_server.bench.serve import _free_port, _level, _serve
 from ssr_server.core import tracing
 from ssr_server.loadtest.generator import run_load
@@ -182,9 +181,7 @@ def run_tracing_bench(model: str | None = None, concurrency: int = 4, runs: int 
         "tolerance": TOLERANCE,
     }
     if json_path:
-        p = Path(json_path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(out, indent=1))
+        write_json(json_path, out)
     return out
 
 

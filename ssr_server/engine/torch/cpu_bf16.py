@@ -20,7 +20,7 @@ count, without the per-call reorder. It costs a second copy of the linear weight
 
 Projections that read the same input one after the other (an attention's q, k and v; an MLP's gate and
 up) are packed as ONE weight, their rows stacked: a decode step then makes 4 matrix products per layer
-instead of 7 (SmolLM2-135M: 121 instead of 211 calls, ~2.5 ms of a ~35 ms step, measured). Each output
+instead of 7 (SmolLM2-135M: 121 instead of 211 calls, ~2 ms of a ~36 ms step, measured). Each output
 element is still the same row's dot product with the same input, so the results are the same bits
 (tests check it). The first projection called computes all of them and hands each sibling its slice
 for that very input tensor; a sibling called with another input (no model here does) multiplies by

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama import modeling_llama as llama
 
 from ssr_server.engine.torch import forwards
 
@@ -26,7 +28,7 @@ def _rms_norm(norm: Any, x: torch.Tensor) -> torch.Tensor:
     x32 = x.to(torch.float32)
     variance = x32.pow(2).mean(-1, keepdim=True)
     x32 = x32 * torch.rsqrt(variance + norm.variance_epsilon)
-    out: torch.Tensor = norm.__dict__["_parameters"]["weight"] * x32.to(dtype)
+    out: torch.Tensor = norm._parameters["weight"] * x32.to(dtype)  # not nn.Module's slow __getattr__
     return out
 
 
@@ -91,11 +93,9 @@ def _llama_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = N
 
 
 def _attention_of(attn: Any) -> Callable[..., tuple[torch.Tensor, Any]]:
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.llama.modeling_llama import eager_attention_forward
-
+    # looked up per call, as transformers does: the model's attention implementation may be changed
     fn: Callable[..., tuple[torch.Tensor, Any]] = ALL_ATTENTION_FUNCTIONS.get_interface(
-        attn.config._attn_implementation, eager_attention_forward)
+        attn.config._attn_implementation, llama.eager_attention_forward)
     return fn
 
 
@@ -109,11 +109,9 @@ def _llama_parts(layer: Any) -> tuple[Any, ...]:
 def _fast_forward(module: Any) -> Callable[..., torch.Tensor] | None:
     """The fast forward for ``module``, if it is exactly one of the listed layers (a subclass, or a
     replaced norm or MLP, may compute something else)."""
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaMLP, LlamaRMSNorm
-
-    if type(module) is LlamaDecoderLayer and type(module.mlp) is LlamaMLP \
-            and type(module.input_layernorm) is LlamaRMSNorm \
-            and type(module.post_attention_layernorm) is LlamaRMSNorm:
+    if type(module) is llama.LlamaDecoderLayer and type(module.mlp) is llama.LlamaMLP \
+            and type(module.input_layernorm) is llama.LlamaRMSNorm \
+            and type(module.post_attention_layernorm) is llama.LlamaRMSNorm:
         return _llama_layer
     return None
 
