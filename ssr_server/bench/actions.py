@@ -70,7 +70,7 @@ def set_drafts(engine: Any, on: bool) -> None:
 
     cfg = engine.config
     engine.scheduler.drafter.config = DraftConfig(cfg.speculative_tokens if on else 0, cfg.jump_forward,
-                                                  cfg.prompt_lookup)
+                                                  cfg.prompt_lookup, branches=cfg.speculative_branches)
 
 
 def load_questions(world: Path, split: str, limit: int | None) -> list[Job]:
@@ -134,10 +134,11 @@ async def _pass(agent: Agent, rec: Recorder, jobs: list[Job], concurrency: int, 
 
 
 async def run_actions_bench(agent: Agent, jobs: list[Job], *, concurrency: int = 4,
-                            modes: Sequence[str] = ("ssr", "freeform")) -> dict[str, Any]:
+                            modes: Sequence[str] = ("ssr", "freeform"), repeats: int = 1) -> dict[str, Any]:
     """Each mode's questions with drafts off and on, on one engine, a warm-up first. The questions go
     in rounds of ``concurrency``, each round once per setting (which goes first alternates), so
-    that both settings meet the same machine load, even on a busy machine."""
+    that both settings meet the same machine load, even on a busy machine; the whole split
+    ``repeats`` times (the ratios of each repeat are reported too: how much the machine moved them)."""
     rec = Recorder(agent.engine, _kinds(agent))
     bench = Agent(rec, agent.tools, agent.libraries, agent.format)  # type: ignore[arg-type]
     await _pass(bench, rec, jobs[: max(1, concurrency)], concurrency, True, modes[0])
@@ -145,14 +146,21 @@ async def run_actions_bench(agent: Agent, jobs: list[Job], *, concurrency: int =
     for mode in modes:
         got: dict[str, tuple[list[Result], list[tuple[str, Generation]], float]] = {
             "off": ([], [], 0.0), "on": ([], [], 0.0)}
-        for r, start in enumerate(range(0, len(jobs), concurrency)):
-            order = (("off", False), ("on", True)) if r % 2 == 0 else (("on", True), ("off", False))
-            for name, on in order:
-                t0 = time.perf_counter()
-                results, records = await _pass(bench, rec, jobs[start : start + concurrency], concurrency,
-                                               on, mode)
-                res, recs, wall = got[name]
-                got[name] = (res + results, recs + records, wall + time.perf_counter() - t0)
+        per_repeat: list[dict[str, float | None]] = []
+        r = 0
+        for _ in range(repeats):
+            mine: dict[str, list[Result]] = {"off": [], "on": []}
+            for start in range(0, len(jobs), concurrency):
+                order = (("off", False), ("on", True)) if r % 2 == 0 else (("on", True), ("off", False))
+                r += 1
+                for name, on in order:
+                    t0 = time.perf_counter()
+                    results, records = await _pass(bench, rec, jobs[start : start + concurrency],
+                                                   concurrency, on, mode)
+                    res, recs, wall = got[name]
+                    got[name] = (res + results, recs + records, wall + time.perf_counter() - t0)
+                    mine[name] += results
+            per_repeat.append(_action_ratios(mine["off"], mine["on"]))
         passes: dict[str, Any] = {name: {**_summary(res, recs), "wall_s": wall}
                                   for name, (res, recs, wall) in got.items()}
         texts = {name: _texts(res) for name, (res, _, _) in got.items()}
@@ -161,6 +169,7 @@ async def run_actions_bench(agent: Agent, jobs: list[Job], *, concurrency: int =
                    if i < len(texts["on"].get(key, [])) and texts["on"][key][i] == t)
         off, on = passes["off"], passes["on"]
         passes["identical_turns"] = {"same": same, "of": len(turns_off)}
+        passes["repeats"] = per_repeat
         passes["ratios"] = {
             "forwards_per_action": _ratio(off["forwards_per_action"], on["forwards_per_action"]),
             "action_ms_mean": _ratio(off["action_ms_per_turn"]["mean"], on["action_ms_per_turn"]["mean"]),
@@ -180,12 +189,19 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a and b else None
 
 
+def _action_ratios(off: list[Result], on: list[Result]) -> dict[str, float | None]:
+    """Action ms off/on (mean, p95) of one repeat's turns."""
+    a, b = (_ms([t["action_s"] for r in rs if r.run for t in r.run["turns"]]) for rs in (off, on))
+    return {"action_ms_mean": _ratio(a["mean"], b["mean"]), "action_ms_p95": _ratio(a["p95"], b["p95"])}
+
+
 def run(agent: Agent, world: Path, split: str, limit: int | None, concurrency: int, modes: Sequence[str],
-        json_path: Path | None) -> dict[str, Any]:
+        json_path: Path | None, repeats: int = 1) -> dict[str, Any]:
     jobs = load_questions(world, split, limit)
     if not jobs:
         raise ValueError(f"no {split!r} questions in {world}")
-    result = asyncio.run(run_actions_bench(agent, jobs, concurrency=concurrency, modes=modes))
+    result = asyncio.run(run_actions_bench(agent, jobs, concurrency=concurrency, modes=modes,
+                                           repeats=repeats))
     result.update(world=str(world), split=split)
     if json_path is not None:
         write_json(json_path, result)
@@ -217,6 +233,10 @@ def format_table(r: dict[str, Any]) -> str:
         for name, a, b, x in rows:
             lines.append(f"{name:28}{f(a):>10}{f(b):>10}{f(x, '.2f'):>9}")
         lines.append(f"{'draft acceptance':28}{'':>10}{f(on['draft_acceptance'], '.0%'):>10}")
+        if len(p["repeats"]) > 1:
+            for key, what in (("action_ms_mean", "mean"), ("action_ms_p95", "p95")):
+                xs = sorted(x[key] for x in p["repeats"] if x[key] is not None)
+                lines.append(f"action ms off/on, {what}, each repeat: " + " ".join(f"{x:.2f}" for x in xs))
         lines.append("action time per call, ms (mean):  " + "  ".join(
             f"{k} {f(off['action_breakdown_ms'][k])}/{f(on['action_breakdown_ms'][k])}"
             for k in off["action_breakdown_ms"]))

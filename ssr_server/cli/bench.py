@@ -240,6 +240,8 @@ def bench_actions(
     mode: Annotated[list[str] | None, typer.Option(help="ssr | freeform (repeatable; default both)")] = None,
     model: Annotated[str | None, typer.Option(help=MODEL_HELP)] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="write the figures as JSON")] = None,
+    repeats: Annotated[int, typer.Option(min=1, help="run the split this many times (ratios per repeat "
+                                                     "printed too)")] = 1,
 ) -> None:
     """Where action time goes (prefill, decode forwards, grammar, sampling, drafting, detokenising), and
     drafts (jump-forward, prompt lookup) off vs on, side by side on one engine: forwards, ms, same text."""
@@ -256,7 +258,7 @@ def bench_actions(
         raise typer.BadParameter("bench actions measures the embedded engine (SSR_ENGINE=torch)")
     agent = local_agent(settings, root)
     try:
-        result = actions.run(agent, root, split, limit, concurrency, modes, json_path)
+        result = actions.run(agent, root, split, limit, concurrency, modes, json_path, repeats)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     finally:

@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     speculative_tokens: int = Field(
         8, ge=0, le=64, description="embedded engine: draft tokens verified per decode step (jump-forward "
         "and prompt lookup; outputs are unchanged, forwards are saved); 0 = one token per forward")
+    speculative_branches: int = Field(
+        16, ge=0, le=64, description="embedded engine: where a grammar forces nothing and admits 2 to this "
+        "many tokens next (a number's digits), draft one branch per admitted token and keep the one the "
+        "model picks (a tree verified in one forward); 0 = linear drafts only")
     jump_forward: bool = Field(
         True, description="embedded engine: draft the text a grammar forces (a tool call's keys and "
         "brackets)")

@@ -218,6 +218,8 @@ def test_a_failing_forward_fails_its_job_alone(make_engine: Callable[..., TorchE
     bad = ScoreJob(contexts["text"], candidates=[candidates[1], poison])
     good = ScoreJob(contexts["image"], candidates=candidates)
     submit(engine, bad, good)
+    engine.scheduler.step()  # the decode step alone: heavy work waits one light forward
+    assert len(tap.forwards[-1]) == 1
     n = len(tap.forwards)
     engine.scheduler.step()  # one forward: a decode step, good's candidates and bad's; then one by one
     shared = tap.forwards[n]
@@ -253,6 +255,9 @@ def test_a_failing_generation_step_fails_that_generation_only(
         stop_ids = frozenset[int]()
 
         def mask(self, logits: torch.Tensor) -> None:
+            raise RuntimeError("matcher crashed")
+
+        def allows(self, token: int) -> bool:
             raise RuntimeError("matcher crashed")
 
     engine = make_engine()
@@ -421,3 +426,31 @@ def test_a_waiting_context_goes_on_when_its_leader_is_cancelled(make_engine: Cal
     assert leader.future.cancelled()
     got = follower.future.result()
     assert isinstance(got, list) and max_diff(got, runner.naive_score(follower.ctx, candidates[:1])) <= TOL
+
+
+def test_decode_steps_and_action_prompts_go_before_heavy_work(make_engine: Callable[..., TorchEngine],
+                                                              tok: Any, contexts: dict[str, Context],
+                                                              candidates: list[list[int]]) -> None:
+    """With heavy work waiting (a context prefilled whole, a selection), one forward carries the decode
+    steps and short action prompts alone, the next one the heavy work too: a decode step waits for one
+    heavy forward in two, not for every one."""
+    engine = make_engine()
+    tap = Tap(engine)
+    submit(engine, ScoreJob(contexts["text"], candidates=candidates[:1]))
+    engine.scheduler.run_until_idle()
+    gen = GenerateJob(contexts["image"], params=GenerationParams(max_new_tokens=30, ignore_eos=True))
+    submit(engine, gen)
+    engine.scheduler.step()
+    engine.scheduler.step()  # decoding
+    heavy = ScoreJob(long_context(tok, 200), candidates=candidates)
+    more = tuple(tok.encode(" then", add_special_tokens=False))
+    prompt = GenerateJob(Context(contexts["text"].token_ids + more),
+                         params=GenerationParams(max_new_tokens=4, ignore_eos=True))
+    submit(engine, heavy, prompt)
+    n = len(tap.forwards)
+    engine.scheduler.step()
+    assert len(tap.forwards[n]) == 2 and tap.tokens(n) <= 2 * 9  # gen's decode step, the action prompt
+    engine.scheduler.step()
+    assert tap.tokens(n + 1) > 200  # the heavy prefill, beside the decode steps
+    engine.scheduler.run_until_idle()
+    assert heavy.future.result() and generation(prompt).token_ids and generation(gen).token_ids

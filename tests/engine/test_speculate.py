@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+import torch
 
 from ssr_server.core.protocol import Context, Generation, GenerationParams, Grammar
 from ssr_server.engine.torch.config import EngineConfig
@@ -159,3 +160,118 @@ def test_a_forced_generation_is_drafted_in_its_prompts_forward(engines: Any, lm:
     _same(a, b)
     assert json.loads(a.text) == {"img_idx": 0}
     assert a.forwards >= len(a.token_ids) - 1 and b.forwards <= 1
+
+
+# ---------------------------------------------------------------- tree drafts
+
+NUMBERS = json.dumps({
+    "type": "object", "additionalProperties": False, "required": ["bbox_2d", "label"],
+    "properties": {"bbox_2d": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 1000},
+                               "minItems": 4, "maxItems": 4},
+                   "label": {"type": "string", "maxLength": 12}}})
+
+
+def _state(engine: TorchEngine, schema: str) -> Any:
+    return engine._grammar_state(Grammar("json_schema", schema))
+
+
+def _accept_text(engine: TorchEngine, tok: Any, state: Any, text: str) -> list[int]:
+    ids = list(tok.encode(text, add_special_tokens=False))
+    for t in ids:
+        assert state.accept(t), f"the grammar rejects {tok.decode([t])!r} of {text!r}"
+    return ids
+
+
+def test_a_tree_branches_over_a_numbers_digits_and_nowhere_else(engines: Any, tok: Any) -> None:
+    from ssr_server.engine.torch.speculate import chains
+
+    _, drafting = engines
+    spell = drafting.scheduler.decoder
+    state = _state(drafting, NUMBERS)
+    fed = _accept_text(drafting, tok, state, '{"bbox_2d": [12')
+    tree = chains(state, TokenHistory(fed), [], CFG, depth=20, rows=32, vocab_size=drafting.runner.vocab_size,
+                  spell=spell)
+    firsts = sorted(tok.decode([c[0]]) for c in tree)
+    assert set("0123456789,") <= set(firsts) and len(tree) == len({c[0] for c in tree}) <= CFG.branches
+    # too little room for every branch: a linear draft (or none), never part of a tree
+    assert len(chains(state, TokenHistory(fed), [], CFG, depth=20, rows=5,
+                      vocab_size=drafting.runner.vocab_size, spell=spell)) <= 1
+    # branches off: linear only
+    assert len(chains(state, TokenHistory(fed), [], DraftConfig(max_tokens=8, branches=0), depth=20, rows=32,
+                      vocab_size=drafting.runner.vocab_size, spell=spell)) <= 1
+    # where the grammar forces text (after a number's last possible digit: ", "), no tree
+    forced_state = _state(drafting, NUMBERS)
+    _accept_text(drafting, tok, forced_state, '{"bbox_2d": [1000')
+    line = chains(forced_state, TokenHistory([]), [], CFG, depth=20, rows=32,
+                  vocab_size=drafting.runner.vocab_size, spell=spell)
+    assert len(line) == 1 and tok.decode(line[0]).startswith(",")
+    # free text (a label's characters): far more than ``branches`` tokens admitted, no tree
+    text_state = _state(drafting, NUMBERS)
+    _accept_text(drafting, tok, text_state, '{"bbox_2d": [1, 2, 3, 4], "label": "a')
+    assert len(chains(text_state, TokenHistory([]), [], CFG, depth=20, rows=64,
+                      vocab_size=drafting.runner.vocab_size, spell=spell)) <= 1
+
+
+def test_the_lookups_guess_goes_deeper_along_its_own_branch(engines: Any, tok: Any) -> None:
+    from ssr_server.engine.torch.speculate import chains
+
+    _, drafting = engines
+    state = _state(drafting, NUMBERS)
+    fed = _accept_text(drafting, tok, state, '{"bbox_2d": [2')
+    # the context holds "[25, 7": after "[2" the lookup guesses "5, 7"; the branch of "5" carries it
+    history = TokenHistory(list(tok.encode("box [25, 7", add_special_tokens=False)) + fed)
+    tree = chains(state, history, [], CFG, depth=20, rows=32, vocab_size=drafting.runner.vocab_size,
+                  spell=drafting.scheduler.decoder)
+    deep = [c for c in tree if len(c) > 1]
+    assert len(deep) == 1 and tok.decode(deep[0]).startswith("5")
+    assert sum(len(c) for c in tree) <= 32
+
+
+TREE_CASES: list[tuple[str, GenerationParams]] = [
+    ("greedy", GenerationParams(max_new_tokens=60, grammar=Grammar("json_schema", NUMBERS))),
+    ("seeded sampling", GenerationParams(max_new_tokens=60, temperature=1.1, seed=11,
+                                         grammar=Grammar("json_schema", NUMBERS))),
+    ("budget cut", GenerationParams(max_new_tokens=16, grammar=Grammar("json_schema", NUMBERS))),
+]
+
+
+@pytest.mark.parametrize("name,params", TREE_CASES, ids=[c[0] for c in TREE_CASES])
+def test_tree_drafts_write_what_one_token_per_forward_writes(engines: Any, tok: Any, name: str,
+                                                             params: GenerationParams) -> None:
+    """Numbers the context cannot supply: each tree step keeps the branch the model picks (its keys
+    moved up to follow the fed token when it was not the first branch), so later tokens see the right
+    past; the text is the one-token-per-forward text, greedy or seeded, in fewer forwards."""
+    plain, drafting = engines
+    contexts = [_ctx(tok, f"Zoom on box {i}: ") for i in range(4)]
+
+    async def run(engine: TorchEngine) -> list[Generation]:
+        return [await engine.generate(c, params) for c in contexts]
+
+    off, on = asyncio.run(run(plain)), asyncio.run(run(drafting))
+    for a, b in zip(off, on, strict=True):
+        _same(a, b)
+    assert sum(b.timings["trees"] for b in on) > 0
+    if name != "budget cut":
+        assert sum(b.forwards for b in on) < sum(a.forwards for a in off)
+
+
+def test_a_tree_step_keeps_the_keys_of_the_branch_it_keeps(engines: Any, tok: Any) -> None:
+    """After tree steps, the generation's KV (cached for the next turn) holds the keys of the tokens it
+    wrote, position by position, as a plain prefill of the same tokens computes them: the kept branch
+    moved up right after the fed token, not whichever branch happened to lie there."""
+    plain, drafting = engines
+    drafting.prefix_cache.clear()
+    ctx = _ctx(tok, "Zoom on box 3: ")
+    params = GenerationParams(max_new_tokens=60, grammar=Grammar("json_schema", NUMBERS))
+    gen = asyncio.run(drafting.generate(ctx, params))
+    assert gen.timings["trees"] >= 2
+    longest = max((e for e in drafting.prefix_cache._entries.values()), key=lambda e: len(e.key))
+    assert longest.key[: len(ctx)] == ctx.token_ids and len(longest.key) > len(ctx) + 12
+    ref = plain.runner.prepare(Context(longest.key))
+    plain.runner.prefill([ref], insert=False)
+    assert ref.kv is not None
+    n = len(longest.key)
+    for layer in range(plain.runner.num_layers):
+        for got, want in ((longest.kv.keys[layer], ref.kv.keys[layer]), (longest.kv.values[layer],
+                                                                         ref.kv.values[layer])):
+            assert torch.allclose(got[:, :, :n], want[:, :, :n], atol=1e-4), f"layer {layer}"

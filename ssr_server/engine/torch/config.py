@@ -43,6 +43,7 @@ class EngineConfig:
     # (many generations at once make a forward compute-bound: drafts would cost more than they save).
     speculative_tokens: int = 8
     speculative_batch_tokens: int = 96
+    speculative_branches: int = 16  # a tree draft where the grammar admits 2..this many tokens next
     jump_forward: bool = True
     prompt_lookup: bool = True
 
@@ -63,8 +64,9 @@ class EngineConfig:
             raise EngineError("engine config: max_decode_slowdown must be > 1 (or 0: no pacing)")
         if self.max_context is not None and self.max_context < 2:
             raise EngineError("engine config: max_context must be >= 2")
-        if self.speculative_tokens < 0 or self.speculative_batch_tokens < 0:
-            raise EngineError("engine config: speculative_tokens and speculative_batch_tokens must be >= 0")
+        if min(self.speculative_tokens, self.speculative_batch_tokens, self.speculative_branches) < 0:
+            raise EngineError("engine config: speculative_tokens, speculative_batch_tokens and "
+                              "speculative_branches must be >= 0")
         if self.threads is not None and self.threads < 1:
             raise EngineError("engine config: threads must be >= 1")
 
@@ -77,6 +79,7 @@ class EngineConfig:
             max_decode_slowdown=settings.max_decode_slowdown,
             prefix_cache_bytes=settings.prefix_cache_mb * 1024 * 1024, max_context=settings.max_context,
             threads=settings.torch_threads, bf16_matmul=settings.bf16_matmul,
-            speculative_tokens=settings.speculative_tokens, jump_forward=settings.jump_forward,
+            speculative_tokens=settings.speculative_tokens,
+            speculative_branches=settings.speculative_branches, jump_forward=settings.jump_forward,
             prompt_lookup=settings.prompt_lookup,
         )

@@ -41,9 +41,21 @@ class Decoder:
                 self._spelled.clear()
         return hit
 
-    def choose(self, seq: Seq, logits: torch.Tensor) -> int:
-        """The token ``seq`` takes after ``logits`` (masked by its grammar, in its current state)."""
+    def choose(self, seq: Seq, logits: torch.Tensor, best: int | None = None) -> int:
+        """The token ``seq`` takes after ``logits`` (masked by its grammar, in its current state).
+        ``best``: the unmasked argmax of ``logits`` when the caller has it (greedy sequences)."""
         grammar = seq.job.grammar
+        if seq.sampler.greedy:
+            # The unmasked argmax, when the grammar admits it, IS the masked argmax (the first maximum
+            # among the admitted tokens: an admitted token before it with the same value would have
+            # been the unmasked argmax). Most steps end here, without a copy and a mask of the logits.
+            t0 = time.perf_counter()
+            if best is None:
+                best = int(torch.argmax(logits))
+            ok = grammar is None or grammar.allows(best)
+            seq.stats.sample_s += time.perf_counter() - t0
+            if ok:
+                return best
         if grammar is not None:  # on a copy: the unmasked logits may be cached with the sequence
             t0 = time.perf_counter()
             logits = logits.clone()
@@ -78,8 +90,11 @@ class Decoder:
         choice is made exactly as one-token decoding makes it (same mask, same sampler, same draw):
         the first one that differs from the draft becomes ``seq.pending``, the next step's token.
         Returns the tokens kept and the result if one of them ended the generation."""
+        best: list[int] | list[None] = [None] * len(draft)
+        if draft and seq.sampler.greedy:  # every row's argmax in one op
+            best = torch.argmax(logits[: len(draft)], dim=-1).tolist()
         for i, tok in enumerate(draft):
-            chosen = self.choose(seq, logits[i])
+            chosen = self.choose(seq, logits[i], best[i])
             if chosen != tok:
                 seq.pending = chosen
                 return i, None
@@ -88,6 +103,24 @@ class Decoder:
             if result is not None:
                 return i + 1, result
         return len(draft), None
+
+    def verify_tree(self, seq: Seq, first: torch.Tensor, chains: list[list[int]],
+                    rows: list[torch.Tensor]) -> tuple[int, int, Generation | None]:
+        """``verify`` for a tree draft: ``first`` is the distribution after the fed token, ``chains``
+        start with distinct tokens, ``rows[j][i]`` is the distribution after ``chains[j][i]``. The
+        token chosen from ``first`` picks the chain (none: it becomes ``seq.pending``), whose rest is
+        verified as a linear draft. Returns the chain (-1: none), its tokens kept and the result."""
+        tok = self.choose(seq, first)
+        j = next((k for k, c in enumerate(chains) if c[0] == tok), -1)
+        if j < 0:
+            seq.pending = tok
+            return -1, 0, None
+        self.take(seq, tok)
+        result = self.finished(seq)
+        if result is not None:
+            return j, 1, result
+        kept, result = self.verify(seq, chains[j][1:], rows[j])
+        return j, kept + 1, result
 
     def finished(self, seq: Seq) -> Generation | None:
         """The result when the newest token ends the generation, else None."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -27,12 +29,19 @@ from ssr_server.engine.torch.speculate import DraftConfig, TokenHistory
 log = logging.getLogger(__name__)
 
 
+MAX_ENDINGS = 64  # grammars whose last ending is kept (tool schemas: a handful per deployment)
+RELEARN = 16  # an ending is learnt again every this many completions of its grammar (cheap, not free)
+
+
 class Drafter:
     def __init__(self, config: DraftConfig, batch_tokens: int, decoder: Decoder, vocab_size: int) -> None:
         self.config = config
         self.batch_tokens = batch_tokens  # draft tokens per forward, all generations together
         self.decoder = decoder
         self.vocab_size = vocab_size
+        # id(compiled grammar) -> (it, how its last learnt generation ended, completions since); the
+        # grammar object is held so that its id is not reused while its entry is here
+        self._endings: OrderedDict[int, tuple[Any, list[int], int]] = OrderedDict()
 
     def budget(self) -> int:
         """Draft tokens one forward may carry."""
@@ -41,19 +50,42 @@ class Drafter:
     def history(self, key: Sequence[int]) -> TokenHistory:
         return TokenHistory(key if self.config.prompt_lookup else ())
 
-    def for_step(self, seq: Seq, tok: int, room: int) -> list[int]:
-        """The draft to feed after ``tok`` (already taken by ``seq``): at most ``room`` tokens."""
-        if room <= 0:
+    def for_step(self, seq: Seq, tok: int, depth: int, rows: int) -> list[list[int]]:
+        """The draft to feed after ``tok`` (already taken by ``seq``), as chains (``speculate.chains``):
+        at most ``depth`` tokens deep, ``rows`` tokens in all."""
+        if depth <= 0 or rows <= 0:
             return []
         t0 = time.perf_counter()
+        grammar = seq.job.grammar
+        ending = self._endings.get(id(grammar.compiled), (None, [], 0))[1] if grammar is not None else []
         try:
-            return speculate.draft(seq.job.grammar, seq.history, [tok], self.config, room, self.vocab_size,
-                                   self.decoder)
+            return speculate.chains(grammar, seq.history, [tok], self.config, depth, rows, self.vocab_size,
+                                    self.decoder, ending)
         except Exception:  # a draft is only ever an optimisation: never fail a job over one
             log.exception("drafting failed; decoding on without a draft")
             return []
         finally:
             seq.stats.draft_s += time.perf_counter() - t0
+
+    def learn(self, seq: Seq) -> None:
+        """Remember how a generation that completed its grammar ended (``speculate.ending_of``)."""
+        grammar = seq.job.grammar
+        if not self.config.enabled or grammar is None or not grammar.complete or not seq.generated:
+            return
+        key = id(grammar.compiled)
+        _, known, since = self._endings.get(key, (None, [], RELEARN))
+        if since + 1 < RELEARN:
+            self._endings[key] = (grammar.compiled, known, since + 1)
+            return
+        try:
+            ending = speculate.ending_of(grammar, seq.generated)
+        except Exception:  # only ever an optimisation
+            log.exception("learning a grammar's ending failed")
+            return
+        self._endings[key] = (grammar.compiled, ending or known, 0)
+        self._endings.move_to_end(key)
+        if len(self._endings) > MAX_ENDINGS:
+            self._endings.popitem(last=False)
 
     def into_prompt(self, job: GenerateJob, chunk: Chunk, room: int) -> Chunk:
         """``chunk`` (the last of ``job``'s prompt) with the draft of its first tokens after it."""
@@ -87,6 +119,37 @@ class Drafter:
         part = ChunkOut(out.logits[:1], [k[:, :, :n] for k in out.keys], [v[:, :, :n] for v in out.values],
                         out.inplace)
         return chunk, part, draft
+
+    def keep_tree(self, seq: Seq, ids: list[int], branches: list[int], out: ChunkOut) -> Generation | None:
+        """``keep`` for a tree draft: ``ids`` is the fed token, then chains of lengths ``branches``."""
+        starts = [1 + sum(branches[:i]) for i in range(len(branches))]
+        chains = [ids[a : a + n] for a, n in zip(starts, branches, strict=True)]
+        j, kept, result = self.decoder.verify_tree(seq, out.logits[0], chains,
+                                                   [out.logits[a : a + n] for a, n in zip(starts, branches,
+                                                                                          strict=True)])
+        seq.stats.drafted += len(ids) - 1
+        seq.stats.accepted += kept
+        seq.stats.trees += 1
+        src = starts[j] if j >= 0 else 1
+        kv, n = seq.kv, seq.kv.length
+        if out.inplace:  # the step's rows lie after the KV: the fed token, then each chain in order
+            if kept and src != 1:  # the kept chain moves up, right after the fed token
+                with torch.inference_mode():  # the buffers may have been (re)made inside a forward
+                    for buf in (*kv.keys, *kv.values):
+                        buf[:, :, n + 1 : n + 1 + kept] = buf[:, :, n + src : n + src + kept].clone()
+            kv.length += 1 + kept
+        else:
+            kv.append([k[:, :, :1] for k in out.keys], [v[:, :, :1] for v in out.values])
+            if kept:
+                kv.append([k[:, :, src : src + kept] for k in out.keys],
+                          [v[:, :, src : src + kept] for v in out.values])
+        new = ids[:1] + ids[src : src + kept]
+        seq.key.extend(new)
+        if self.config.prompt_lookup:
+            seq.history.extend(new)
+        seq.next_pos += len(new)
+        seq.logits = out.logits[src + kept - 1] if kept else out.logits[0]
+        return result
 
     def keep(self, seq: Seq, fed: list[int], draft: list[int], out: ChunkOut, offset: int = 0,
              ) -> Generation | None:

@@ -88,6 +88,7 @@ class SeqStats:
 
     forwards: int = 0  # decode forwards it took part in
     drafted: int = 0  # draft tokens fed (jump-forward and prompt lookup)
+    trees: int = 0  # decode steps whose draft was a tree (one branch per token the grammar admits)
     accepted: int = 0  # of those, kept
     forward_s: float = 0.0  # wall time of those forwards (shared with the other jobs in them)
     grammar_s: float = 0.0  # masks, accepts and bitmask refills
@@ -98,6 +99,7 @@ class SeqStats:
     def timings(self) -> dict[str, float]:
         return {"forward_s": self.forward_s, "grammar_s": self.grammar_s, "sample_s": self.sample_s,
                 "draft_s": self.draft_s, "detok_s": self.detok_s, "drafted": float(self.drafted),
+                "trees": float(self.trees),
                 "accepted": float(self.accepted)}
 
 

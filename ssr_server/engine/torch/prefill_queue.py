@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from ssr_server.engine.torch.batch import Batch, Work
 from ssr_server.engine.torch.config import EngineConfig
-from ssr_server.engine.torch.jobs import Job, ScoreJob
+from ssr_server.engine.torch.jobs import GenerateJob, Job, ScoreJob
 from ssr_server.engine.torch.pacing import Pacer
 from ssr_server.engine.torch.radix import RadixIndex
 from ssr_server.engine.torch.runner import ModelRunner
+
+LIGHT_TOKENS = 64  # an action prompt at most this long, without images, is as light as a decode step
 
 
 class PrefillQueue:
@@ -72,12 +74,25 @@ class PrefillQueue:
             self._followers[leader] = [f for f in followers if not f.dropped()]
         return released
 
-    def plan(self, batch: Batch) -> None:
-        """Add this forward's prefill work to ``batch``."""
+    @staticmethod
+    def light(job: Job) -> bool:
+        """A generation's short prompt without images (an action's opening): as light as a decode step."""
+        p = job.prep
+        return isinstance(job, GenerateJob) and p is not None and not job.paced and p.todo <= LIGHT_TOKENS \
+            and all(s1 <= p.reused for _, s1 in p.exp.image_spans)
+
+    def heavy(self) -> bool:
+        """Whether a prefill that runs whole and is not light waits (long ones are paced already)."""
+        return any(not j.paced and not self.light(j) for j in self.jobs)
+
+    def plan(self, batch: Batch, skip_heavy: bool = False) -> None:
+        """Add this forward's prefill work to ``batch`` (``skip_heavy``: not the ``heavy`` ones)."""
         cfg = self.config
         oldest = self.jobs[0] if self.jobs else None
         for job in self.jobs:  # short prefills: whole
             assert job.prep is not None
+            if skip_heavy and not self.light(job):
+                continue
             if not job.paced and (batch.room(job.prep.todo) or job is oldest):
                 batch.add(Work("prefill", job, [self.runner.prefill_chunk(job.prep)]))
         budget = cfg.max_num_batched_tokens - batch.tokens

@@ -49,6 +49,9 @@ class Chunk:
     # Also return log p(ids[r + 1] | up to row r) for every row but the last: a candidate teacher-forced
     # on its own tokens, without its (t, vocab) logits (see ``scoring.token_logprobs``).
     self_logprobs: bool = False
+    # A tree draft (a decode step): ids are the fed token, then chains of these lengths side by side,
+    # each attending to the past, the fed token and its own earlier tokens (segments.plan).
+    branches: list[int] | None = None
 
 
 @dataclass

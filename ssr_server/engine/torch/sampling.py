@@ -24,6 +24,10 @@ class Sampler:
             else:
                 self.generator.seed()
 
+    @property
+    def greedy(self) -> bool:
+        return self.params.temperature < SAMPLING_EPS
+
     def __call__(self, logits: torch.Tensor) -> int:
         """Pick from ``logits`` (vocab,) float32, on the device the sampler was made for."""
         p = self.params

@@ -57,12 +57,14 @@ class Scheduler:
         self.config = config
         self.decoder = Decoder(runner.lm.tokenizer, eos_ids)
         self.pacer = Pacer(config.max_decode_slowdown, config.min_prefill_chunk, config.prefill_chunk_size)
-        drafts = DraftConfig(config.speculative_tokens, config.jump_forward, config.prompt_lookup)
+        drafts = DraftConfig(config.speculative_tokens, config.jump_forward, config.prompt_lookup,
+                             branches=config.speculative_branches)
         self.drafter = Drafter(drafts, config.speculative_batch_tokens, self.decoder, runner.vocab_size)
         self._inbox: list[Job] = []
         self._prefills = PrefillQueue(runner, config, self.pacer)
         self._ready: deque[ScoreJob] = deque()  # contexts cached, candidates not yet scored
         self._running: deque[Seq] = deque()
+        self._owe_heavy = False
         self._cv = threading.Condition()
         self._stop = False
         self.batches = 0  # forwards run
@@ -179,6 +181,15 @@ class Scheduler:
     def _plan(self) -> Batch:
         batch = Batch(self.config)
         self._plan_decode(batch)
+        if batch.works and not self._owe_heavy and (self._ready or self._prefills.heavy()):
+            # Heavy work (a selection with its observation's prefill: ~45 ms here, 15x a decode step)
+            # is waiting: this forward carries the decode steps and action prompts alone, the next one
+            # the heavy work too. A decode then waits for one heavy forward in two, not in every one;
+            # the heavy work waits one light forward.
+            self._owe_heavy = True
+            self._plan_prefill(batch, skip_heavy=True)
+            return batch
+        self._owe_heavy = False
         self._plan_scoring(batch)
         self._plan_prefill(batch)
         return batch
@@ -204,16 +215,25 @@ class Scheduler:
             except Exception as exc:
                 fail(seq.job, _as_ssr(exc))
                 continue
-            room = min(draft_room, seq.job.params.max_new_tokens - len(seq.generated),
-                       self.config.max_num_batched_tokens - batch.tokens - 1)
-            draft = self.drafter.for_step(seq, tok, room)
-            draft_room -= len(draft)
-            ids = [tok, *draft]
-            pos = torch.arange(seq.next_pos, seq.next_pos + len(ids), dtype=torch.long,
-                               device=self.runner.device).expand(dims, len(ids))
-            chunk = Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=seq.kv.length)
-            batch.add(Work("decode", seq.job, [chunk], seq))
+            rows = min(draft_room, self.config.max_num_batched_tokens - batch.tokens - 1)
+            chains = self.drafter.for_step(seq, tok, seq.job.params.max_new_tokens - len(seq.generated), rows)
+            draft_room -= sum(len(c) for c in chains)
+            batch.add(Work("decode", seq.job, self._step_chunks(seq, tok, chains, dims), seq))
             self._running.append(seq)  # served: to the back
+
+    def _step_chunks(self, seq: Seq, tok: int, chains: list[list[int]], dims: int) -> list[Chunk]:
+        """A decode step's chunk: the fed token and its linear draft; or, for a tree draft, the fed token
+        and its chains side by side (``Chunk.branches``), each chain's positions following the token."""
+        dev, n = self.runner.device, seq.kv.length
+        if len(chains) <= 1:
+            ids = [tok, *(chains[0] if chains else [])]
+            pos = torch.arange(seq.next_pos, seq.next_pos + len(ids), dtype=torch.long,
+                               device=dev).expand(dims, len(ids))
+            return [Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=n)]
+        steps = [0] + [i + 1 for c in chains for i in range(len(c))]
+        pos = (torch.tensor(steps, dtype=torch.long, device=dev) + seq.next_pos).expand(dims, len(steps))
+        ids = [tok, *(t for c in chains for t in c)]
+        return [Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=n, branches=[len(c) for c in chains])]
 
     def _plan_scoring(self, batch: Batch) -> None:
         """Candidates, oldest first (the oldest always runs): on their cached context, or after the
@@ -240,11 +260,11 @@ class Scheduler:
             batch.add(Work("score", job, chunks))
             scored = True
 
-    def _plan_prefill(self, batch: Batch) -> None:
+    def _plan_prefill(self, batch: Batch, skip_heavy: bool = False) -> None:
         for job in self._prefills.prune():  # their leader was dropped: they prefill themselves
             self._admit(job)
         first = len(batch.works)
-        self._prefills.plan(batch)
+        self._prefills.plan(batch, skip_heavy)
         for w in batch.works[first:]:  # a generation's first draft rides in its prompt's last chunk
             if isinstance(w.owner, GenerateJob):
                 room = min(self.drafter.budget(), self.config.max_num_batched_tokens - batch.tokens)
@@ -349,7 +369,10 @@ class Scheduler:
 
     def _after_decode(self, seq: Seq, chunk: Chunk, out: ChunkOut) -> None:
         """Keep the fed token and the part of its draft the sequence would have chosen itself."""
-        self._finish_if(seq, self.drafter.keep(seq, chunk.ids[:1], chunk.ids[1:], out))
+        if chunk.branches:
+            self._finish_if(seq, self.drafter.keep_tree(seq, chunk.ids, chunk.branches, out))
+        else:
+            self._finish_if(seq, self.drafter.keep(seq, chunk.ids[:1], chunk.ids[1:], out))
 
     def _finish_if(self, seq: Seq, result: Generation | None) -> None:
         if result is not None:  # then its job is done, and the next plan drops it from the running
@@ -357,6 +380,7 @@ class Scheduler:
             resolve(seq.job, result)
 
     def _cache_finished(self, seq: Seq) -> None:
+        self.drafter.learn(seq)
         # The KV holds everything but the last sampled token (never fed): cache it for the next turn,
         # without the spare room reserved for max_new_tokens.
         kv = seq.kv.fork(extra=64) if seq.kv.capacity > seq.kv.length + 256 else seq.kv

@@ -50,11 +50,14 @@ class Segment:
     bounds: list[tuple[int, int]] = field(default_factory=list)  # chunks, relative to start
     sees_first: list[bool] = field(default_factory=list)  # per chunk: also attends to the first chunk
     inplace: bool = False  # new keys written into the past's spare capacity (exclusive past at its end)
+    closed: bool = False  # a tree draft's segment: no later chunk joins it
     mask: torch.Tensor | None = None  # (1, 1, t, past_len + t) additive; None: one token, no mask
 
 
 def plan(chunks: list[Any], dtype: torch.dtype, device: torch.device) -> list[Segment]:
-    """Segments of ``chunks`` (runner ``Chunk``s): consecutive chunks on the same past share one."""
+    """Segments of ``chunks`` (runner ``Chunk``s): consecutive chunks on the same past share one. A
+    tree draft's chunk (``branches``) has a segment of its own: its fed token, then each chain seeing
+    it (as chunks that ``sees_first`` would)."""
     segs: list[Segment] = []
     uses: dict[int, int] = {}
     o = 0
@@ -62,12 +65,21 @@ def plan(chunks: list[Any], dtype: torch.dtype, device: torch.device) -> list[Se
         t = len(c.ids)
         past = c.past if c.past is not None and c.past_len > 0 else None
         last = segs[-1] if segs else None
-        if last is not None and past is not None and last.past is past and last.past_len == c.past_len:
+        tree = getattr(c, "branches", None)
+        if last is not None and past is not None and last.past is past and last.past_len == c.past_len \
+                and not tree and not last.closed:
             last.bounds.append((o - last.start, o - last.start + t))
             last.sees_first.append(bool(c.sees_first))
             last.end = o + t
         else:
             segs.append(Segment(o, o + t, past, c.past_len if past is not None else 0, [(0, t)], [False]))
+            if tree:
+                s, a = segs[-1], t - sum(tree)
+                s.bounds, s.sees_first, s.closed = [(0, a)], [False], True
+                for n in tree:
+                    s.bounds.append((a, a + n))
+                    s.sees_first.append(True)
+                    a += n
             if past is not None:
                 uses[id(past)] = uses.get(id(past), 0) + 1
         o += t
@@ -85,6 +97,28 @@ def _mask(dtype: torch.dtype, device: torch.device, past_len: int, bounds: list[
     t = bounds[-1][1]
     if t == 1:
         return None
+    if len(bounds) > 1 and t > 128:  # a long prefill's rest and its candidates: per chunk is cheaper
+        return _mask_per_chunk(dtype, device, past_len, bounds, sees_first)
+    mask = torch.zeros((1, 1, t, past_len + t), dtype=dtype, device=device)
+    if len(bounds) == 1:  # one chunk: causal
+        blocked = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+    else:  # block-diagonal causal, plus the first chunk for the chunks that see it: a few whole-tensor ops
+        # (a tree draft has a dozen one-token chunks: one op per chunk cost ~10 us each, 200 a step)
+        chunk = torch.repeat_interleave(torch.arange(len(bounds), device=device),
+                                        torch.tensor([b - a for a, b in bounds], device=device))
+        row = torch.arange(t, device=device)
+        seen = (chunk[:, None] == chunk[None, :]) & (row[None, :] <= row[:, None])
+        if sees_first and any(sees_first[1:]):
+            sees = torch.tensor([False, *sees_first[1:]], dtype=torch.bool, device=device)
+            seen |= sees[chunk][:, None] & (chunk[None, :] == 0)
+        blocked = ~seen
+    mask[0, 0, :, past_len:].masked_fill_(blocked, torch.finfo(dtype).min)
+    return mask
+
+
+def _mask_per_chunk(dtype: torch.dtype, device: torch.device, past_len: int, bounds: list[tuple[int, int]],
+                    sees_first: list[bool] | None) -> torch.Tensor:
+    t = bounds[-1][1]
     mask = torch.full((1, 1, t, past_len + t), torch.finfo(dtype).min, dtype=dtype, device=device)
     mask[..., :past_len] = 0
     f0, f1 = bounds[0]
@@ -161,8 +195,11 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
                 return o.reshape(1, heads, 1, d).transpose(1, 2), None
             out[:, :, s.start : s.end] = o.reshape(1, heads, 1, d)
             continue
-        out[:, :, s.start : s.end] = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=s.mask, scale=scaling, enable_gqa=True)
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=s.mask, scale=scaling,
+                                                             enable_gqa=True)
+        if len(segs) == 1:  # one segment (a decode step with its draft, a prefill): no copy into ``out``
+            return o.transpose(1, 2), None
+        out[:, :, s.start : s.end] = o
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -39,10 +39,17 @@ class DraftConfig:
     prompt_lookup: bool = True
     ngram_max: int = 4
     ngram_min: int = 1
+    # Where the grammar forces nothing and admits 2..branches tokens next (a digit of a number), draft
+    # one chain per admitted token (a tree): the one the model picks is verified, so the step keeps
+    # two tokens whatever the model writes. 0 or 1: linear drafts only.
+    branches: int = 16
 
     @property
     def enabled(self) -> bool:
         return self.max_tokens > 0 and (self.jump_forward or self.prompt_lookup)
+
+
+ENDING_MAX = 32  # tokens of a learnt ending drafted at most
 
 
 class TokenHistory:
@@ -108,15 +115,75 @@ def forced(grammar: GrammarState, spell: Spelling) -> list[int]:
     return tokens
 
 
+def _linear(grammar: GrammarState | None, history: TokenHistory, tail: list[int], cfg: DraftConfig,
+            limit: int, vocab_size: int, spell: Spelling) -> tuple[list[int], bool]:
+    """The linear draft (at most ``limit`` tokens), and whether it starts with text the grammar forces."""
+    out: list[int] = []
+    if cfg.jump_forward and grammar is not None and not grammar.complete:
+        out = forced(grammar, spell)[:limit]
+    was_forced = bool(out)
+    if cfg.prompt_lookup and len(out) < limit:
+        out += history.lookup(tail + out, cfg, limit - len(out), vocab_size)
+    return out, was_forced
+
+
 def draft(grammar: GrammarState | None, history: TokenHistory, tail: list[int], cfg: DraftConfig,
           limit: int, vocab_size: int, spell: Spelling) -> list[int]:
     """The draft after ``history`` + ``tail`` (``grammar`` already past ``tail``): at most ``limit``."""
     limit = min(limit, cfg.max_tokens)
     if limit <= 0:
         return []
-    out: list[int] = []
-    if cfg.jump_forward and grammar is not None and not grammar.complete:
-        out = forced(grammar, spell)[:limit]
-    if cfg.prompt_lookup and len(out) < limit:
-        out += history.lookup(tail + out, cfg, limit - len(out), vocab_size)
+    return _linear(grammar, history, tail, cfg, limit, vocab_size, spell)[0]
+
+
+def chains(grammar: GrammarState | None, history: TokenHistory, tail: list[int], cfg: DraftConfig,
+           depth: int, rows: int, vocab_size: int, spell: Spelling,
+           ending: Sequence[int] = ()) -> list[list[int]]:
+    """A decode step's draft after ``tail`` (its fed token, ``grammar`` already past it), as chains that
+    each follow the fed token and start with distinct tokens: none, one (the linear ``draft``), or a
+    tree. Where the grammar forces nothing:
+
+    - when it admits 2..``cfg.branches`` tokens besides end-of-sequence, one chain per admitted token
+      (the linear draft's first token keeps the rest of that draft as its chain);
+    - when it admits the first token of ``ending`` (how the last generation under this grammar ended:
+      ``ending_of``), that ending as a chain too: the step that writes a value's last word may also
+      close it.
+
+    ``depth``: tokens the generation may still write; ``rows``: draft tokens the forward has room for."""
+    limit = min(depth, rows, cfg.max_tokens)
+    if limit <= 0:
+        return []
+    line, was_forced = _linear(grammar, history, tail, cfg, limit, vocab_size, spell)
+    if was_forced or grammar is None or grammar.complete:
+        return [line] if line else []
+    out = [line] if line else []
+    admitted = grammar.admitted(min(cfg.branches, rows)) if cfg.branches >= 2 else None
+    if admitted is not None and len(admitted) >= 2:
+        out = [[t] for t in admitted]
+        if line and line[0] in admitted:  # the lookup's guess goes deeper along its own branch
+            out[admitted.index(line[0])] = line[: max(1, min(limit, rows - len(admitted) + 1))]
+    if ending and grammar.allows(ending[0]):
+        # past its first token an ending was forced text: all of it, not just max_tokens, is kept
+        # whenever the model picks that first token
+        deep = min(depth, rows, ENDING_MAX)
+        spare = rows - sum(len(c) for c in out)
+        firsts = [c[0] for c in out]
+        if ending[0] not in firsts and spare >= 1:
+            out.append(list(ending[: min(deep, spare)]))
+        elif ending[0] in firsts and len(out[firsts.index(ending[0])]) == 1:  # a bare branch: extend it
+            out[firsts.index(ending[0])] = list(ending[: min(deep, spare + 1)])
     return out
+
+
+def ending_of(grammar: GrammarState, tokens: Sequence[int]) -> list[int]:
+    """The ending of a generation that completed ``grammar`` with ``tokens``: from its last token the
+    grammar did not force (a closing quote, an answer's closing tag) to the end. Replayed on a fresh
+    matcher, so the generation's own one is left as it is. [] when the replay does not accept them."""
+    matcher = grammar.fresh_matcher()
+    start = 0
+    for i, tok in enumerate(tokens):
+        if not matcher.find_jump_forward_string():
+            start = i
+        if not matcher.accept_token(tok):
+            return []
+    return list(tokens[start:])
