@@ -1,11 +1,13 @@
 """The scheduler's side of drafts: where they go in a forward, and what a generation keeps of them.
 
-A decode step feeds the token just chosen and its draft (``speculate.draft``); a generation's first
-draft rides in its prompt's last prefill chunk, after the prompt (what a tool call's grammar forces at
-its start, say), so that a wholly forced action needs no decode forward at all. After the forward,
-``keep`` verifies the draft (``Decoder.verify``: the same choice one-token decoding makes) and moves
-the generation past the fed tokens and the kept part of the draft; the keys of a rejected rest lie past
-the KV's ``length`` and are overwritten by later steps.
+A decode step feeds the token just chosen and its draft (``speculate.chains``: one chain, or a tree of
+them side by side in the step's chunk); a generation's first draft rides in its prompt's last prefill
+chunk, after the prompt (what a tool call's grammar forces at its start, say), so that a wholly forced
+action needs no decode forward at all. After the forward, ``keep`` verifies the draft
+(``Decoder.verify``: the same choice one-token decoding makes) and moves the generation past the fed
+tokens and the kept part of the draft; the keys of a rejected rest lie past the KV's ``length`` and are
+overwritten by later steps. ``keep_tree`` does the same for the chain the step chose, moving its keys
+up to follow the fed token. ``learn`` keeps how each grammar's generations end, for the next ones.
 """
 
 from __future__ import annotations
@@ -119,6 +121,27 @@ class Drafter:
         part = ChunkOut(out.logits[:1], [k[:, :, :n] for k in out.keys], [v[:, :, :n] for v in out.values],
                         out.inplace)
         return chunk, part, draft
+
+    def step_chunk(self, seq: Seq, tok: int, chains: list[list[int]], dims: int) -> Chunk:
+        """A decode step's chunk: the fed token and its linear draft; or, for a tree draft, the fed token
+        and its chains side by side (``Chunk.branches``), each chain's positions following the token."""
+        dev = seq.kv.keys[0].device
+        if len(chains) <= 1:
+            ids = [tok, *(chains[0] if chains else [])]
+            pos = torch.arange(seq.next_pos, seq.next_pos + len(ids), dtype=torch.long,
+                               device=dev).expand(dims, len(ids))
+            return Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=seq.kv.length)
+        steps = [0] + [i + 1 for c in chains for i in range(len(c))]
+        pos = (torch.tensor(steps, dtype=torch.long, device=dev) + seq.next_pos).expand(dims, len(steps))
+        ids = [tok, *(t for c in chains for t in c)]
+        return Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=seq.kv.length,
+                     branches=[len(c) for c in chains])
+
+    def keep_step(self, seq: Seq, chunk: Chunk, out: ChunkOut) -> Generation | None:
+        """After a decode step's forward: ``keep`` or ``keep_tree``, as the step's chunk was built."""
+        if chunk.branches:
+            return self.keep_tree(seq, chunk.ids, chunk.branches, out)
+        return self.keep(seq, chunk.ids[:1], chunk.ids[1:], out)
 
     def keep_tree(self, seq: Seq, ids: list[int], branches: list[int], out: ChunkOut) -> Generation | None:
         """``keep`` for a tree draft: ``ids`` is the fed token, then chains of lengths ``branches``."""

@@ -14,6 +14,10 @@ A step takes, under the budgets of ``EngineConfig`` (tokens and sequences per fo
    ``Pacer`` so the forward costs at most ``max_decode_slowdown`` x one without it; alone, as much
    as the token budget allows. The oldest prefill always advances (no starvation).
 
+While generations decode and heavy work waits (a selection, a context prefilled whole), a step carries
+only the decode steps (1), short action prompts and paced chunks; the next one carries the heavy work
+too: a decode step waits for one heavy forward in two, not for every one.
+
 A failure belongs to one job: a prepare error (bad image, ``ContextTooLong``) fails that job before any
 work; a failed batched forward is re-run job by job, and only the jobs whose own forward fails are
 failed; so are errors in one job's bookkeeping. Model work never runs on the event loop.
@@ -26,8 +30,6 @@ import logging
 import threading
 import time
 from collections import deque
-
-import torch
 
 from ssr_server.core.errors import EngineError, SSRError
 from ssr_server.core.protocol import Generation
@@ -218,22 +220,8 @@ class Scheduler:
             rows = min(draft_room, self.config.max_num_batched_tokens - batch.tokens - 1)
             chains = self.drafter.for_step(seq, tok, seq.job.params.max_new_tokens - len(seq.generated), rows)
             draft_room -= sum(len(c) for c in chains)
-            batch.add(Work("decode", seq.job, self._step_chunks(seq, tok, chains, dims), seq))
+            batch.add(Work("decode", seq.job, [self.drafter.step_chunk(seq, tok, chains, dims)], seq))
             self._running.append(seq)  # served: to the back
-
-    def _step_chunks(self, seq: Seq, tok: int, chains: list[list[int]], dims: int) -> list[Chunk]:
-        """A decode step's chunk: the fed token and its linear draft; or, for a tree draft, the fed token
-        and its chains side by side (``Chunk.branches``), each chain's positions following the token."""
-        dev, n = self.runner.device, seq.kv.length
-        if len(chains) <= 1:
-            ids = [tok, *(chains[0] if chains else [])]
-            pos = torch.arange(seq.next_pos, seq.next_pos + len(ids), dtype=torch.long,
-                               device=dev).expand(dims, len(ids))
-            return [Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=n)]
-        steps = [0] + [i + 1 for c in chains for i in range(len(c))]
-        pos = (torch.tensor(steps, dtype=torch.long, device=dev) + seq.next_pos).expand(dims, len(steps))
-        ids = [tok, *(t for c in chains for t in c)]
-        return [Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=n, branches=[len(c) for c in chains])]
 
     def _plan_scoring(self, batch: Batch) -> None:
         """Candidates, oldest first (the oldest always runs): on their cached context, or after the
@@ -369,10 +357,7 @@ class Scheduler:
 
     def _after_decode(self, seq: Seq, chunk: Chunk, out: ChunkOut) -> None:
         """Keep the fed token and the part of its draft the sequence would have chosen itself."""
-        if chunk.branches:
-            self._finish_if(seq, self.drafter.keep_tree(seq, chunk.ids, chunk.branches, out))
-        else:
-            self._finish_if(seq, self.drafter.keep(seq, chunk.ids[:1], chunk.ids[1:], out))
+        self._finish_if(seq, self.drafter.keep_step(seq, chunk, out))
 
     def _finish_if(self, seq: Seq, result: Generation | None) -> None:
         if result is not None:  # then its job is done, and the next plan drops it from the running
