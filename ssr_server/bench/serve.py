@@ -83,23 +83,43 @@ def _thread_cpu_s(thread: threading.Thread | None) -> float | None:
         return None
 
 
+def _engine_cpu_s() -> dict[int, float]:
+    """CPU seconds of the embedded engine's threads (its worker and its prefill lane), by thread id."""
+    out: dict[int, float] = {}
+    for t in threading.enumerate():
+        if t.name.startswith("ssr-torch-") and t.ident is not None:
+            cpu = _thread_cpu_s(t)
+            if cpu is not None:
+                out[t.ident] = cpu
+    return out
+
+
 class _CpuMeter:
-    """CPU time by thread over one level: the engine worker, the server's event loop, the client."""
+    """CPU time by thread over one level: the engine (its worker and lane threads), the server's event
+    loop, the client."""
 
     def __init__(self, engine: Any, server_thread: threading.Thread) -> None:
-        sched = getattr(engine, "scheduler", None)
-        self.threads = {"worker": getattr(sched, "_thread", None), "server": server_thread,
-                        "client": threading.current_thread()}
+        self.threads = {"server": server_thread, "client": threading.current_thread()}
         self.start: dict[str, float | None] = {}
         self.t0 = 0.0
+        self._engine = getattr(engine, "scheduler", None) is not None
+
+    def _engine_total(self, since: dict[int, float]) -> float | None:
+        if not self._engine:
+            return None
+        now = _engine_cpu_s()  # a thread started during the level counts from zero
+        return sum(cpu - since.get(ident, 0.0) for ident, cpu in now.items()) if now else None
 
     def __enter__(self) -> _CpuMeter:
+        self._engine_start = _engine_cpu_s()
         self.start = {k: _thread_cpu_s(t) for k, t in self.threads.items()}
+        self.start["worker"] = 0.0 if self._engine else None
         self.start["process"] = time.process_time()
         return self
 
     def __exit__(self, *_: object) -> None:
         self.end = {k: _thread_cpu_s(t) for k, t in self.threads.items()}
+        self.end["worker"] = self._engine_total(self._engine_start)
         self.end["process"] = time.process_time()
 
     def used(self) -> dict[str, float | None]:

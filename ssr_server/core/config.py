@@ -52,6 +52,11 @@ class Settings(BaseSettings):
     speculative_tokens: int = Field(
         8, ge=0, le=64, description="embedded engine: draft tokens verified per decode step (jump-forward "
         "and prompt lookup; outputs are unchanged, forwards are saved); 0 = one token per forward")
+    prefill_lane: Literal["auto", "on", "off"] = Field(
+        "off", description="embedded engine: run heavy forwards (a selection with its observation's "
+        "prefill, a context prefilled whole) on a second thread while decode steps go on: faster actions "
+        "and runs under concurrency, slower selections; auto = on with SSR_TORCH_THREADS=1 on a machine "
+        "with 2 cores or more")
     speculative_branches: int = Field(
         16, ge=0, le=64, description="embedded engine: where a grammar forces nothing and admits 2 to this "
         "many tokens next (a number's digits), draft one branch per admitted token and keep the one the "

@@ -44,6 +44,10 @@ class EngineConfig:
     speculative_tokens: int = 8
     speculative_batch_tokens: int = 96
     speculative_branches: int = 16  # a tree draft where the grammar admits 2..this many tokens next
+    # Heavy forwards (selections, contexts prefilled whole) on a second thread while decode steps go on
+    # (lane.py): "auto" = with one intra-op thread on a machine with a spare core. Off by default: it
+    # trades selection latency for action latency (docs/engines/embedded.md says by how much)
+    prefill_lane: str = "off"
     jump_forward: bool = True
     prompt_lookup: bool = True
 
@@ -67,6 +71,9 @@ class EngineConfig:
         if min(self.speculative_tokens, self.speculative_batch_tokens, self.speculative_branches) < 0:
             raise EngineError("engine config: speculative_tokens, speculative_batch_tokens and "
                               "speculative_branches must be >= 0")
+        if self.prefill_lane not in ("auto", "on", "off"):
+            raise EngineError(f"engine config: prefill_lane must be auto, on or off, not "
+                              f"{self.prefill_lane!r}")
         if self.threads is not None and self.threads < 1:
             raise EngineError("engine config: threads must be >= 1")
 
@@ -81,5 +88,6 @@ class EngineConfig:
             threads=settings.torch_threads, bf16_matmul=settings.bf16_matmul,
             speculative_tokens=settings.speculative_tokens,
             speculative_branches=settings.speculative_branches, jump_forward=settings.jump_forward,
+            prefill_lane=settings.prefill_lane,
             prompt_lookup=settings.prompt_lookup,
         )

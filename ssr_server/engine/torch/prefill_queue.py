@@ -85,16 +85,20 @@ class PrefillQueue:
         """Whether a prefill that runs whole and is not light waits (long ones are paced already)."""
         return any(not j.paced and not self.light(j) for j in self.jobs)
 
-    def plan(self, batch: Batch, skip_heavy: bool = False) -> None:
-        """Add this forward's prefill work to ``batch`` (``skip_heavy``: not the ``heavy`` ones)."""
+    def plan(self, batch: Batch, skip_heavy: bool = False, heavy_only: bool = False) -> None:
+        """Add this forward's prefill work to ``batch``: ``skip_heavy``, all but the ``heavy`` ones;
+        ``heavy_only``, those alone (no paced chunk either)."""
         cfg = self.config
         oldest = self.jobs[0] if self.jobs else None
         for job in self.jobs:  # short prefills: whole
             assert job.prep is not None
-            if skip_heavy and not self.light(job):
+            heavy = not job.paced and not self.light(job)
+            if (skip_heavy and heavy) or (heavy_only and not heavy):
                 continue
             if not job.paced and (batch.room(job.prep.todo) or job is oldest):
                 batch.add(Work("prefill", job, [self.runner.prefill_chunk(job.prep)]))
+        if heavy_only:
+            return
         budget = cfg.max_num_batched_tokens - batch.tokens
         paced = bool(batch.works)  # latency-critical work shares this forward
         if paced:

@@ -38,6 +38,7 @@ from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.decode import Decoder
 from ssr_server.engine.torch.drafter import Drafter
 from ssr_server.engine.torch.jobs import GenerateJob, Job, ScoreJob, Seq, fail, resolve
+from ssr_server.engine.torch.lane import Lane, wanted
 from ssr_server.engine.torch.pacing import Pacer
 from ssr_server.engine.torch.prefill_queue import PrefillQueue
 from ssr_server.engine.torch.prefix_cache import CacheEntry
@@ -68,6 +69,7 @@ class Scheduler:
         self._running: deque[Seq] = deque()
         self._owe_heavy = False
         self._cv = threading.Condition()
+        self._lane = Lane(self._cv) if wanted(config.prefill_lane, config.threads) else None
         self._stop = False
         self.batches = 0  # forwards run
         self.max_batch = 0  # most jobs in one forward
@@ -98,7 +100,8 @@ class Scheduler:
             self._fail_all(EngineError("engine is closed"))
 
     def idle(self) -> bool:
-        return not (self._inbox or self._prefills or self._ready or self._running)
+        return not (self._inbox or self._prefills or self._ready or self._running
+                    or (self._lane is not None and self._lane.busy))
 
     def run_until_idle(self) -> None:
         """Drive the scheduler on this thread (only when constructed with ``start=False``)."""
@@ -123,7 +126,15 @@ class Scheduler:
     def _fail_all(self, err: SSRError) -> None:
         with self._cv:
             inbox, self._inbox = self._inbox, []
-        for job in [*inbox, *self._prefills.every_job(), *self._ready, *(s.job for s in self._running)]:
+        lane: list[Job] = []
+        if self._lane is not None:
+            lane = self._lane.jobs()
+            if self._stop:
+                self._lane.close()  # its forward finishes first: the model is not used after close
+            elif self._lane.done:
+                self._lane.take_quietly()
+        for job in [*inbox, *lane, *self._prefills.every_job(), *self._ready,
+                    *(s.job for s in self._running)]:
             fail(job, err)
         self._prefills.clear()
         self._ready, self._running = deque(), deque()
@@ -134,9 +145,15 @@ class Scheduler:
             new, self._inbox = self._inbox, []
         for job in new:
             self._admit(job)
+        if self._lane is not None and self._lane.done:
+            self._apply(*self._lane.take())
         t0 = time.perf_counter()
         batch = self._plan()
         if not batch.works:
+            if self._lane is not None and self._lane.busy:  # nothing but the lane's batch: wait for it
+                with self._cv:                              # (or for a new job)
+                    if not self._inbox and not self._lane.done:
+                        self._cv.wait(timeout=0.05)
             return not self.idle()
         outs = self._forward(batch)
         self._apply(batch, outs)
@@ -183,6 +200,18 @@ class Scheduler:
     def _plan(self) -> Batch:
         batch = Batch(self.config)
         self._plan_decode(batch)
+        lane = self._lane
+        if lane is not None and (lane.busy or self._ready or self._prefills.heavy()):
+            # heavy work goes to the lane (always: this thread stays free for the decode steps and
+            # action prompts that may come while it runs)
+            if not lane.busy:
+                heavy = Batch(self.config)
+                self._plan_scoring(heavy)
+                self._plan_prefill(heavy, heavy_only=True)
+                if heavy.works:
+                    lane.submit(heavy, self._forward)
+            self._plan_prefill(batch, skip_heavy=True)
+            return batch
         if batch.works and not self._owe_heavy and (self._ready or self._prefills.heavy()):
             # Heavy work (a selection with its observation's prefill: ~45 ms here, 15x a decode step)
             # is waiting: this forward carries the decode steps and action prompts alone, the next one
@@ -248,11 +277,11 @@ class Scheduler:
             batch.add(Work("score", job, chunks))
             scored = True
 
-    def _plan_prefill(self, batch: Batch, skip_heavy: bool = False) -> None:
+    def _plan_prefill(self, batch: Batch, skip_heavy: bool = False, heavy_only: bool = False) -> None:
         for job in self._prefills.prune():  # their leader was dropped: they prefill themselves
             self._admit(job)
         first = len(batch.works)
-        self._prefills.plan(batch, skip_heavy)
+        self._prefills.plan(batch, skip_heavy, heavy_only)
         for w in batch.works[first:]:  # a generation's first draft rides in its prompt's last chunk
             if isinstance(w.owner, GenerateJob):
                 room = min(self.drafter.budget(), self.config.max_num_batched_tokens - batch.tokens)
