@@ -23,6 +23,7 @@ import pytest
 from PIL import Image
 
 from ssr_server.core.protocol import Context, ImageRef
+from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import LoadedModel, load_model
 from ssr_server.engine.torch.prefix_cache import PrefixCache
@@ -204,3 +205,18 @@ def engine(lm: LoadedModel) -> Iterator[TorchEngine]:
     engine = TorchEngine(lm)
     yield engine
     engine.scheduler.close()
+
+
+@pytest.fixture
+def make_engine(lm: LoadedModel) -> Iterator[Callable[..., TorchEngine]]:
+    """Engines over the session's tiny model, driven step by step by the test (``start=False``)."""
+    made: list[TorchEngine] = []
+
+    def make(**config: Any) -> TorchEngine:
+        engine = TorchEngine(lm, EngineConfig(**config), start=False)
+        made.append(engine)
+        return engine
+
+    yield make
+    for e in made:
+        e.scheduler.close()

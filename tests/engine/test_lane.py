@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -50,20 +50,6 @@ class LaneTap:
             return inner(chunks)
 
         engine.runner.forward = forward  # type: ignore[method-assign]
-
-
-@pytest.fixture
-def make_engine(lm: LoadedModel) -> Iterator[Callable[..., TorchEngine]]:
-    made: list[TorchEngine] = []
-
-    def make(**config: Any) -> TorchEngine:
-        engine = TorchEngine(lm, EngineConfig(**config), start=False)
-        made.append(engine)
-        return engine
-
-    yield make
-    for e in made:
-        e.scheduler.close()
 
 
 def _submit(engine: TorchEngine, *jobs: Job) -> None:

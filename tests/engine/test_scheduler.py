@@ -5,7 +5,7 @@ per job, contexts over the model's limit refused before any work, KV reserved fo
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -41,20 +41,6 @@ class Tap:
 
     def tokens(self, i: int) -> int:
         return sum(len(c.ids) for c in self.forwards[i])
-
-
-@pytest.fixture
-def make_engine(lm: LoadedModel) -> Iterator[Callable[..., TorchEngine]]:
-    made: list[TorchEngine] = []
-
-    def make(**config: Any) -> TorchEngine:
-        engine = TorchEngine(lm, EngineConfig(**config), start=False)
-        made.append(engine)
-        return engine
-
-    yield make
-    for e in made:
-        e.scheduler.close()
 
 
 def submit(engine: TorchEngine, *jobs: Job) -> None:
