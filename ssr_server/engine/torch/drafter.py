@@ -166,12 +166,8 @@ class Drafter:
             if kept:
                 kv.append([k[:, :, src : src + kept] for k in out.keys],
                           [v[:, :, src : src + kept] for v in out.values])
-        new = ids[:1] + ids[src : src + kept]
-        seq.key.extend(new)
-        if self.config.prompt_lookup:
-            seq.history.extend(new)
-        seq.next_pos += len(new)
-        seq.logits = out.logits[src + kept - 1] if kept else out.logits[0]
+        after = out.logits[src + kept - 1] if kept else out.logits[0]
+        self._advance(seq, ids[:1] + ids[src : src + kept], after)
         return result
 
     def keep(self, seq: Seq, fed: list[int], draft: list[int], out: ChunkOut, offset: int = 0,
@@ -189,9 +185,13 @@ class Drafter:
         elif new:
             end = offset + len(new)
             seq.kv.append([k[:, :, offset:end] for k in out.keys], [v[:, :, offset:end] for v in out.values])
+        self._advance(seq, new, out.logits[kept])
+        return result
+
+    def _advance(self, seq: Seq, new: list[int], logits: torch.Tensor) -> None:
+        """``seq`` past ``new`` (its KV already holds them), with the distribution that follows."""
         seq.key.extend(new)
         if self.config.prompt_lookup:
             seq.history.extend(new)
         seq.next_pos += len(new)
-        seq.logits = out.logits[kept]
-        return result
+        seq.logits = logits

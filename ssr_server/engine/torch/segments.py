@@ -65,7 +65,7 @@ def plan(chunks: list[Any], dtype: torch.dtype, device: torch.device) -> list[Se
         t = len(c.ids)
         past = c.past if c.past is not None and c.past_len > 0 else None
         last = segs[-1] if segs else None
-        tree = getattr(c, "branches", None)
+        tree = c.branches
         if last is not None and past is not None and last.past is past and last.past_len == c.past_len \
                 and not tree and not last.closed:
             last.bounds.append((o - last.start, o - last.start + t))
