@@ -131,3 +131,23 @@ def test_compiled_grammars_are_cached(engine: TorchEngine) -> None:
     a = engine.grammars.compile(JSON_GRAMMAR)
     b = engine.grammars.compile(Grammar("json_schema", json.dumps(QUERY_SCHEMA)))
     assert a is b
+
+
+@pytest.mark.parametrize("grammar", [JSON_GRAMMAR, Grammar("ebnf", EBNF), Grammar("regex", REGEX)])
+def test_a_state_copied_from_its_grammars_start_is_a_fresh_one(engine: TorchEngine, grammar: Grammar) -> None:
+    """Every state after a grammar's first starts from a copy of the first one's start mask: the same
+    mask a fresh fill makes, and its own (advancing one state leaves the others as they were)."""
+    from ssr_server.engine.torch.grammar import GrammarState
+
+    compiled = engine.grammars.compile(grammar)
+    first, second = engine.grammars.state(compiled), engine.grammars.state(compiled)
+    fresh = GrammarState(compiled, engine.grammars.vocab_size, engine.grammars.stop_ids)
+    for s in (first, second):
+        assert s.need_apply == fresh.need_apply and s.bitmask.equal(fresh.bitmask)
+    assert first.bitmask.data_ptr() != second.bitmask.data_ptr()
+    allowed = [t for t in range(engine.grammars.vocab_size) if first.allows(t)]
+    for s in (first, second):  # advanced, each on its own
+        assert s.accept(allowed[0]) and not s.bitmask.equal(fresh.bitmask)
+    third = engine.grammars.state(compiled)
+    assert third.bitmask.equal(fresh.bitmask) and third.need_apply == fresh.need_apply
+    assert [t for t in range(engine.grammars.vocab_size) if third.allows(t)] == allowed
