@@ -158,10 +158,8 @@ class GrammarState:
         self._bits = self.bitmask.numpy()[0]
         self._non_stop_bits = self._non_stop.numpy()[0]
         self._device_mask: torch.Tensor | None = None
-        self._need_apply = True
-        if start is not None:
-            self._need_apply = start[1]
-        else:
+        self._need_apply = start[1] if start is not None else True
+        if start is None:
             self._fill()
 
     @property
