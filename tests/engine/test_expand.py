@@ -58,7 +58,7 @@ def test_expand_matches_the_token_by_token_definition(tokens: tuple[int, ...]) -
     ids, key, spans = reference(ctx, cache)
     assert (exp.ids, list(exp.key), exp.image_spans) == (ids, key, spans)
     assert [p.num_tokens for p in exp.images] == [3 + i for i in range(tokens.count(PAD))]
-    # the same pixels, the same key: two images of the same size but other pixels key apart
+    # the key follows the pixels: an image of the same size but other pixels keys apart
     if tokens.count(PAD) == 2:
         twin = Context(tokens, (image(3), ImageRef.from_pil(Image.new("RGB", (4, 4), (4, 1, 0)))))
         other = expand(model, twin, cache)  # type: ignore[arg-type]

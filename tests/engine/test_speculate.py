@@ -36,6 +36,12 @@ def test_lookup_continues_the_newest_occurrence_of_the_longest_suffix() -> None:
     assert h.lookup([2, 3], DraftConfig(ngram_min=3), 2, vocab_size=100) == []  # too short a match
 
 
+def test_a_one_token_match_drafts_its_whole_guess() -> None:
+    # (5) alone matches: what followed it, up to the limit, not a shorter guess for a short match
+    h = TokenHistory([5, 1, 2, 3, 4, 6, 7, 8, 9])
+    assert h.lookup([5], CFG, 6, vocab_size=100) == [1, 2, 3, 4, 6, 7]
+
+
 def test_lookup_never_drafts_an_image_placeholder() -> None:
     h = TokenHistory([5, 6, -77, -77, 8, 5, 6])
     assert h.lookup([], CFG, 4, vocab_size=100) == []  # (5, 6) is followed by a placeholder at once
