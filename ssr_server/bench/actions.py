@@ -68,14 +68,14 @@ def set_drafts(engine: Any, on: bool) -> None:
     """Drafts on (the engine's configuration) or off, on a running embedded engine."""
     from ssr_server.engine.torch.speculate import DraftConfig
 
-    cfg = engine.config
-    engine.scheduler.drafter.config = DraftConfig(cfg.speculative_tokens if on else 0, cfg.jump_forward,
-                                                  cfg.prompt_lookup, branches=cfg.speculative_branches)
+    engine.scheduler.drafter.config = DraftConfig.of(engine.config, on)
 
 
-def load_questions(world: Path, split: str, limit: int | None) -> list[Job]:
+def load_questions(world: Path, split: str, limit: int | None, pictures: bool = True) -> list[Job]:
+    """The split's first ``limit`` questions, each with its picture (``pictures``) or as text alone (for
+    a model that takes no images)."""
     qs = [q for q in DemoWorld(world).questions() if q.split == split]
-    return [Job(q.id, q.question, (world / q.image,), RunOptions(), {"answer": q.answer})
+    return [Job(q.id, q.question, (world / q.image,) if pictures else (), RunOptions(), {"answer": q.answer})
             for q in qs[:limit]]
 
 
@@ -103,8 +103,10 @@ def _summary(results: list[Result], records: list[tuple[str, Generation]]) -> di
     drafted = sum(g.timings.get("drafted", 0.0) for g in gens)
     accepted = sum(g.timings.get("accepted", 0.0) for g in gens)
     runs = [r.run for r in results if r.run]
+    errors = [r.error for r in results if r.error]
     return {
-        "questions": len(results), "failed": sum(1 for r in results if r.error), "turns": len(turns),
+        "questions": len(results), "failed": len(errors), "first_error": errors[0] if errors else None,
+        "turns": len(turns),
         "answered": sum(1 for r in runs if r["outcome"] == "answered"),
         "action_ms_per_turn": _ms([t["action_s"] for t in turns]),
         "reasoning_ms_per_turn": _ms([t["reasoning_s"] for t in turns]),
@@ -197,26 +199,38 @@ def _action_ratios(off: list[Result], on: list[Result]) -> dict[str, float | Non
 
 def run(agent: Agent, world: Path, split: str, limit: int | None, concurrency: int, modes: Sequence[str],
         json_path: Path | None, repeats: int = 1) -> dict[str, Any]:
-    jobs = load_questions(world, split, limit)
+    # a text-only model (no image token) gets the questions as text: its runs search text and answer
+    pictures = getattr(agent.engine, "image_token_id", None) is not None
+    jobs = load_questions(world, split, limit, pictures)
     if not jobs:
         raise ValueError(f"no {split!r} questions in {world}")
     result = asyncio.run(run_actions_bench(agent, jobs, concurrency=concurrency, modes=modes,
                                            repeats=repeats))
-    result.update(world=str(world), split=split)
+    result.update(world=str(world), split=split, pictures=pictures)
     if json_path is not None:
         write_json(json_path, result)
     return result
+
+
+def failed(r: dict[str, Any]) -> int:
+    """Runs that failed, over every mode and setting (their turns are missing from the figures)."""
+    return sum(p[name]["failed"] for p in r["modes"].values() for name in ("off", "on"))
 
 
 def format_table(r: dict[str, Any]) -> str:
     def f(x: Any, spec: str = ".1f") -> str:
         return "-" if x is None else format(x, spec)
 
-    lines = [f"{r['questions']} {r['split']} questions of {r['world']}, {r['concurrency']} at a time; "
-             "drafts off = one token per decode forward"]
+    lines = [f"{r['questions']} {r['split']} questions of {r['world']}"
+             f"{'' if r.get('pictures', True) else ' (text only: the model takes no images)'}, "
+             f"{r['concurrency']} at a time; drafts off = one token per decode forward"]
     for mode, p in r["modes"].items():
         lines.append(f"\n[{mode}]  identical turns off vs on: {p['identical_turns']['same']}/"
                      f"{p['identical_turns']['of']}")
+        for name in ("off", "on"):
+            if p[name]["failed"]:
+                lines.append(f"FAILED runs, drafts {name}: {p[name]['failed']} of {p[name]['questions']} "
+                             f"(first: {p[name]['first_error']})")
         lines.append(f"{'':28}{'off':>10}{'on':>10}{'off/on':>9}")
         off, on, ra = p["off"], p["on"], p["ratios"]
         rows = [("action ms/turn, mean", off["action_ms_per_turn"]["mean"], on["action_ms_per_turn"]["mean"],

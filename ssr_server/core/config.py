@@ -67,6 +67,11 @@ class Settings(BaseSettings):
     prompt_lookup: bool = Field(
         True, description="embedded engine: draft by n-gram lookup in the run's own context (names and "
         "answers copied from observations)")
+    exact_drafts: Literal["auto", "on", "off"] = Field(
+        "auto", description="embedded engine: compute each draft row as a one-token decode step would "
+        "(linear drafts, no trees; a forward of one row computed as two), so that drafts never change the "
+        "text in reduced precision; auto = on for bf16 and fp16 when drafts are on, off for fp32 (where "
+        "the drafts' kernels have not changed a turn)")
     sglang_url: str = Field(
         "http://127.0.0.1:30000", description="the SGLang server or router (engine sglang)")
     sglang_scoring: Literal["auto", "route", "generate"] = Field(

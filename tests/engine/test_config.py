@@ -54,3 +54,15 @@ def test_attention_is_registered_by_name_not_patched(lm: LoadedModel) -> None:
     assert config.vision_config._attn_implementation == "sdpa"  # the vision tower: stock attention
     assert lm.model.model.visual.config._attn_implementation == "sdpa"
     assert torch.device("cpu") == lm.device
+
+
+def test_exact_drafts_are_on_where_reduced_precision_meets_drafts() -> None:
+    assert not EngineConfig().exact  # fp32: drafts' kernels have not changed a turn
+    assert EngineConfig(dtype="bf16").exact and EngineConfig(dtype="fp16").exact
+    assert not EngineConfig(dtype="bf16", speculative_tokens=0).exact  # no drafts: nothing to match
+    assert not EngineConfig(dtype="bf16", jump_forward=False, prompt_lookup=False).exact
+    assert EngineConfig(dtype="bf16", speculative_tokens=0, exact_drafts="on").exact
+    assert not EngineConfig(dtype="bf16", exact_drafts="off").exact
+    assert EngineConfig(exact_drafts="on").exact
+    with pytest.raises(EngineError, match="exact_drafts"):
+        EngineConfig(exact_drafts="sometimes")

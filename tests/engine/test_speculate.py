@@ -113,6 +113,54 @@ def test_drafts_write_what_one_token_per_forward_writes(engines: Any, tok: Any, 
         assert b.timings["accepted"] > 0 and b.forwards < a.forwards
 
 
+def test_a_finish_inside_a_draft_is_cached_as_one_token_decoding_caches_it(engines: Any, tok: Any) -> None:
+    """The grammar forces the closing of the JSON, so the drafting engine keeps the last token from a
+    draft row (its KV computed); one-token decoding never feeds its last token. Both cache the context
+    and the output but its last token: the next turn's context is then split where it is in both."""
+    plain, drafting = engines
+    params = GenerationParams(max_new_tokens=60, grammar=Grammar("json_schema", SCHEMA))
+    ctx = _ctx(tok, "Look it up again: ")
+    for engine in (plain, drafting):
+        gen = asyncio.run(engine.generate(ctx, params))
+        assert gen.finish_reason == "stop" and gen.text.endswith("}")
+        match = engine.prefix_cache.lookup(ctx.token_ids + gen.token_ids)
+        assert match is not None and match.length == len(ctx.token_ids) + len(gen.token_ids) - 1
+        assert match.entry.key == ctx.token_ids + gen.token_ids[:-1]
+        assert match.entry.kv.length == len(match.entry.key)
+    assert gen.timings["accepted"] > 0
+
+
+@pytest.fixture(scope="module")
+def bf16_engines(tiny_dir: Any) -> Any:
+    """bf16: exact drafts by default where drafts are on (``exact_drafts=auto``); the one-token engine
+    asks for the same numerics."""
+    from ssr_server.engine.torch.loader import load_model
+
+    lm = load_model(str(tiny_dir), EngineConfig(dtype="bf16"))
+    plain = TorchEngine(lm, EngineConfig(dtype="bf16", speculative_tokens=0, exact_drafts="on"))
+    drafting = TorchEngine(lm, EngineConfig(dtype="bf16", speculative_tokens=8))
+    yield plain, drafting
+    for e in (plain, drafting):
+        asyncio.run(e.close())
+
+
+@pytest.mark.parametrize("name,params", CASES[:3], ids=[c[0] for c in CASES[:3]])
+def test_exact_drafts_in_bf16_write_what_one_token_per_forward_writes(bf16_engines: Any, tok: Any, name: str,
+                                                                     params: GenerationParams) -> None:
+    plain, drafting = bf16_engines
+    assert drafting.config.exact and drafting.scheduler.drafter.config.branches == 0
+    assert drafting.runner.min_rows == plain.runner.min_rows == 2
+    ctx = asyncio.run(_echo_context(plain, tok))
+
+    async def both() -> tuple[Generation, Generation]:
+        return await plain.generate(ctx, params), await drafting.generate(ctx, params)
+
+    a, b = asyncio.run(both())
+    _same(a, b)
+    if name != "budget cut mid-draft":
+        assert b.timings["accepted"] > 0 and b.forwards < a.forwards
+
+
 def test_concurrent_drafting_generations_each_write_their_own_text(engines: Any, tok: Any) -> None:
     """Drafts of several runs verified in the same forward, beside runs without any."""
     plain, drafting = engines
@@ -273,6 +321,7 @@ def test_a_tree_step_keeps_the_keys_of_the_branch_it_keeps(engines: Any, tok: An
     assert gen.timings["trees"] >= 2
     longest = max((e for e in drafting.prefix_cache._entries.values()), key=lambda e: len(e.key))
     assert longest.key[: len(ctx)] == ctx.token_ids and len(longest.key) > len(ctx) + 12
+    plain.prefix_cache.clear()  # a plain prefill of the same tokens, not what plain has cached
     ref = plain.runner.prepare(Context(longest.key))
     plain.runner.prefill([ref], insert=False)
     assert ref.kv is not None

@@ -26,7 +26,8 @@ WEATHER = json.dumps({"type": "object", "additionalProperties": False, "required
 @pytest.fixture(scope="module")
 def engines(real_model_dir: Path) -> Iterator[tuple[TorchEngine, TorchEngine]]:
     lm = load_model(str(real_model_dir), EngineConfig(dtype="bf16"))
-    plain = TorchEngine(lm, EngineConfig(dtype="bf16", speculative_tokens=0))
+    # one token per forward with the drafting engine's numerics (a one-row forward computed as two)
+    plain = TorchEngine(lm, EngineConfig(dtype="bf16", speculative_tokens=0, exact_drafts="on"))
     drafting = TorchEngine(lm, EngineConfig(dtype="bf16"))
     yield plain, drafting
     for e in (plain, drafting):
@@ -70,3 +71,66 @@ def test_a_tool_call_is_the_same_with_drafts(engines: tuple[TorchEngine, TorchEn
     assert (a.token_ids, a.text) == (b.token_ids, b.text)
     assert json.loads(a.text) == {"city": "Paris"}
     assert b.forwards < a.forwards
+
+
+def test_exact_draft_rows_are_the_bits_of_one_token_steps(real_model_dir: Path) -> None:
+    """bf16, exact drafts (the default): a chunk of a fed token and eleven draft tokens gives, row for
+    row, the very logits that twelve one-token steps give. (Computed together, the rows differ in the
+    last bits now and then: oneDNN multiplies one row by another kernel than several, and attention
+    over a chunk rounds otherwise than over one token; greedy decoding then flips at near-ties.)"""
+    import torch
+
+    from ssr_server.engine.torch.prefix_cache import PrefixCache
+    from ssr_server.engine.torch.runner import Chunk, ModelRunner
+
+    lm = load_model(str(real_model_dir), EngineConfig(dtype="bf16"))
+    runner = ModelRunner(lm, PrefixCache(1 << 30), min_rows=2)
+    ids = list(lm.tokenizer.apply_chat_template([{"role": "user", "content": "Name three rivers of Europe."}],
+                                                tokenize=True, add_generation_prompt=True, return_dict=False))
+
+    def prefilled() -> tuple[Any, torch.Tensor, int]:
+        p = runner.prepare(Context(tuple(ids)), reserve=32)
+        runner.prefill([p], insert=False)
+        assert p.kv is not None and p.last_logits is not None
+        return p.kv, p.last_logits, p.next_pos
+
+    kv, logits, pos = prefilled()
+    fed, steps = [], []
+    for _ in range(12):  # one token per forward: the reference
+        tok = int(logits.argmax())
+        out = runner.forward([Chunk(kv, [tok], torch.tensor([[pos]]), [0], past_len=kv.length)])[0]
+        kv.length += 1 if out.inplace else 0
+        if not out.inplace:
+            kv.append(out.keys, out.values)
+        fed.append(tok)
+        logits, pos = out.logits[0], pos + 1
+        steps.append(logits)
+    kv, _, pos = prefilled()
+    chunk = Chunk(kv, fed, torch.arange(pos, pos + 12).view(1, -1), list(range(12)), past_len=kv.length,
+                  alone_from=0)
+    rows = runner.forward([chunk])[0].logits
+    assert all(torch.equal(rows[i], steps[i]) for i in range(12))
+
+
+def test_the_actions_bench_runs_the_text_only_model_on_the_questions_text(real_model_dir: Path,
+                                                                          tmp_path: Path) -> None:
+    """``bench actions --model`` with a model that takes no images: the questions go without their
+    pictures (no run fails), and with exact drafts (bf16's default) every turn is the same with drafts
+    as without, in fewer forwards."""
+    from typer.testing import CliRunner
+
+    from ssr_server.cli import app
+
+    out = tmp_path / "actions.json"
+    result = CliRunner().invoke(app, ["bench", "actions", "--model", str(real_model_dir), "--limit", "1",
+                                      "--concurrency", "1", "--mode", "ssr", "--json", str(out)],
+                                env={"SSR_DTYPE": "bf16"})
+    assert result.exit_code == 0, result.output
+    r = json.loads(out.read_text())
+    assert r["pictures"] is False and "text only" in result.output
+    off, on = r["modes"]["ssr"]["off"], r["modes"]["ssr"]["on"]
+    assert off["failed"] == on["failed"] == 0 and off["turns"] > 0 and on["turns"] > 0
+    assert off["draft_acceptance"] is None and on["draft_acceptance"] > 0
+    same = r["modes"]["ssr"]["identical_turns"]
+    assert same["of"] > 0 and same["same"] == same["of"]
+    assert on["forwards_per_action"] < off["forwards_per_action"]

@@ -97,6 +97,22 @@ def test_agent_run_without_an_image_searches_text(served: tuple[str, str]) -> No
         assert run["outcome"] == "answered" and "paris" in run["answer"].lower()
 
 
+def test_an_image_sent_to_the_text_only_model_is_refused_clearly(served: tuple[str, str]) -> None:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(buf, format="PNG")
+    image = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    url, _ = served
+    body = {"question": "What colour is this?", "images": [image], "max_turns": 1}
+    r = httpx.post(url + "/v1/agent/runs", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    assert "takes no images" in r.json()["error"]["message"]
+
+
 def test_bf16_decode_with_packed_weights_is_bit_identical(real_model_dir: Path) -> None:
     """The decode speed-ups for bf16 (weights packed once for oneDNN on CPUs with bf16 arithmetic, q/k/v
     and gate/up fused; decoder layers without module call overhead) leave every logit of a greedy

@@ -50,6 +50,17 @@ class EngineConfig:
     prefill_lane: str = "off"
     jump_forward: bool = True
     prompt_lookup: bool = True
+    # Draft rows computed as one-token steps compute them (``exact``), so that drafts never change the
+    # text in reduced precision, where a multi-row kernel can round a near-tie the other way: "auto" =
+    # on for bf16 and fp16 when drafts are (docs/engines/embedded.md: exact drafts)
+    exact_drafts: str = "auto"
+
+    @property
+    def exact(self) -> bool:
+        if self.exact_drafts == "auto":
+            drafts = self.speculative_tokens > 0 and (self.jump_forward or self.prompt_lookup)
+            return drafts and self.dtype not in ("fp32", "float32")
+        return self.exact_drafts == "on"
 
     def __post_init__(self) -> None:
         if self.dtype not in ("fp32", "float32", "bf16", "bfloat16", "fp16", "float16"):
@@ -74,6 +85,9 @@ class EngineConfig:
         if self.prefill_lane not in ("auto", "on", "off"):
             raise EngineError(f"engine config: prefill_lane must be auto, on or off, not "
                               f"{self.prefill_lane!r}")
+        if self.exact_drafts not in ("auto", "on", "off"):
+            raise EngineError(f"engine config: exact_drafts must be auto, on or off, not "
+                              f"{self.exact_drafts!r}")
         if self.threads is not None and self.threads < 1:
             raise EngineError("engine config: threads must be >= 1")
 
@@ -89,5 +103,5 @@ class EngineConfig:
             speculative_tokens=settings.speculative_tokens,
             speculative_branches=settings.speculative_branches, jump_forward=settings.jump_forward,
             prefill_lane=settings.prefill_lane,
-            prompt_lookup=settings.prompt_lookup,
+            prompt_lookup=settings.prompt_lookup, exact_drafts=settings.exact_drafts,
         )

@@ -55,14 +55,17 @@ class Drafter:
     def for_step(self, seq: Seq, tok: int, depth: int, rows: int) -> list[list[int]]:
         """The draft to feed after ``tok`` (already taken by ``seq``), as chains (``speculate.chains``):
         at most ``depth`` tokens deep, ``rows`` tokens in all."""
+        if self.config.exact:
+            rows = min(rows, seq.draft_limit)
         if depth <= 0 or rows <= 0:
             return []
         t0 = time.perf_counter()
         grammar = seq.job.grammar
         ending = self._endings.get(id(grammar.compiled), (None, [], 0))[1] if grammar is not None else []
         try:
-            return speculate.chains(grammar, seq.history, [tok], self.config, depth, rows, self.vocab_size,
-                                    self.decoder, ending)
+            chains = speculate.chains(grammar, seq.history, [tok], self.config, depth, rows, self.vocab_size,
+                                      self.decoder, ending)
+            return chains[:1] if self.config.exact else chains
         except Exception:  # a draft is only ever an optimisation: never fail a job over one
             log.exception("drafting failed; decoding on without a draft")
             return []
@@ -107,7 +110,8 @@ class Drafter:
                              device=chunk.pos.device).expand(chunk.pos.shape[0], len(draft))
         job.draft = draft
         return dataclasses.replace(chunk, ids=[*chunk.ids, *draft], pos=torch.cat([chunk.pos, extra], dim=1),
-                                   logits_rows=[n - 1, *range(n, n + len(draft))])
+                                   logits_rows=[n - 1, *range(n, n + len(draft))],
+                                   alone_from=n if self.config.exact else None)
 
     @staticmethod
     def split_prompt(job: GenerateJob, chunk: Chunk, out: ChunkOut) -> tuple[Chunk, ChunkOut, list[int]]:
@@ -130,7 +134,8 @@ class Drafter:
             ids = [tok, *(chains[0] if chains else [])]
             pos = torch.arange(seq.next_pos, seq.next_pos + len(ids), dtype=torch.long,
                                device=dev).expand(dims, len(ids))
-            return Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=seq.kv.length)
+            return Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=seq.kv.length,
+                         alone_from=0 if self.config.exact and len(ids) > 1 else None)
         steps = [0] + [i + 1 for c in chains for i in range(len(c))]
         pos = (torch.tensor(steps, dtype=torch.long, device=dev) + seq.next_pos).expand(dims, len(steps))
         ids = [tok, *(t for c in chains for t in c)]
@@ -153,6 +158,8 @@ class Drafter:
         seq.stats.drafted += len(ids) - 1
         seq.stats.accepted += kept
         seq.stats.trees += 1
+        if result is not None:  # the last kept token ended it: unfed, as one-token decoding leaves it
+            kept -= 1
         src = starts[j] if j >= 0 else 1
         kv, n = seq.kv, seq.kv.length
         if out.inplace:  # the step's rows lie after the KV: the fed token, then each chain in order
@@ -179,6 +186,9 @@ class Drafter:
         kept, result = self.decoder.verify(seq, draft, out.logits)
         seq.stats.drafted += len(draft)
         seq.stats.accepted += kept
+        self._back_off(seq, len(draft), kept)
+        if result is not None:  # the last kept token ended it: unfed, as one-token decoding leaves it
+            kept -= 1
         new = [*fed, *draft[:kept]]
         if out.inplace:  # written right after the generation's KV, in its spare room
             seq.kv.length += len(new)
@@ -187,6 +197,13 @@ class Drafter:
             seq.kv.append([k[:, :, offset:end] for k in out.keys], [v[:, :, offset:end] for v in out.values])
         self._advance(seq, new, out.logits[kept])
         return result
+
+    def _back_off(self, seq: Seq, drafted: int, kept: int) -> None:
+        if self.config.exact and drafted:
+            if kept == 0:
+                seq.draft_limit = max(1, min(seq.draft_limit, drafted) // 2)
+            elif kept == drafted:
+                seq.draft_limit = min(2 * seq.draft_limit, self.config.max_tokens)
 
     def _advance(self, seq: Seq, new: list[int], logits: torch.Tensor) -> None:
         """``seq`` past ``new`` (its KV already holds them), with the distribution that follows."""

@@ -120,6 +120,9 @@ class Seq:
     generated: list[int] = field(default_factory=list)
     pending: int | None = None  # chosen by the last verification, taken at the next step
     stats: SeqStats = field(default_factory=SeqStats)
+    # Exact drafts: the most tokens the next step drafts (halved after a step that kept none of its
+    # draft, doubled after one that kept all): each exact row reads the whole KV again
+    draft_limit: int = 64
 
 
 def resolve(job: Job, value: list[CandidateScore] | Generation) -> None:

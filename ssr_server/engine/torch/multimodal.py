@@ -71,6 +71,9 @@ def expand(model: LoadedModel, ctx: Context, images: ImageCache) -> Expanded:
     pad = model.image_token_id
     tokens = ctx.token_ids
     n_pads = tokens.count(pad) if pad is not None else 0
+    if pad is None and ctx.images:
+        raise InvalidRequest(f"this model takes no images (a text-only model): send the request without "
+                             f"its {len(ctx.images)} image(s)")
     if n_pads != len(ctx.images):
         raise InvalidRequest(
             f"context has {n_pads} image placeholders but {len(ctx.images)} images"

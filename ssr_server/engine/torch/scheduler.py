@@ -60,9 +60,8 @@ class Scheduler:
         self.config = config
         self.decoder = Decoder(runner.lm.tokenizer, eos_ids)
         self.pacer = Pacer(config.max_decode_slowdown, config.min_prefill_chunk, config.prefill_chunk_size)
-        drafts = DraftConfig(config.speculative_tokens, config.jump_forward, config.prompt_lookup,
-                             branches=config.speculative_branches)
-        self.drafter = Drafter(drafts, config.speculative_batch_tokens, self.decoder, runner.vocab_size)
+        self.drafter = Drafter(DraftConfig.of(config), config.speculative_batch_tokens, self.decoder,
+                               runner.vocab_size)
         self._inbox: list[Job] = []
         self._prefills = PrefillQueue(runner, config, self.pacer)
         self._ready: deque[ScoreJob] = deque()  # contexts cached, candidates not yet scored

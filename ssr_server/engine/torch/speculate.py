@@ -30,6 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ssr_server.engine.torch.config import EngineConfig
 from ssr_server.engine.torch.grammar import GrammarState
 
 
@@ -44,6 +45,16 @@ class DraftConfig:
     # one chain per admitted token (a tree): the one the model picks is verified, so the step keeps
     # two tokens whatever the model writes. 0 or 1: linear drafts only.
     branches: int = 16
+    # One chain per step, each of its rows computed alone, as a one-token step would compute it
+    # (``Chunk.alone_from``): no tree (its chains do not see one another, so a row's keys are not the
+    # prefix a one-token step attends to)
+    exact: bool = False
+
+    @classmethod
+    def of(cls, config: EngineConfig, on: bool = True) -> DraftConfig:
+        """The drafts an engine configuration asks for (``on``: False gives none)."""
+        return cls(config.speculative_tokens if on else 0, config.jump_forward, config.prompt_lookup,
+                   branches=0 if config.exact else config.speculative_branches, exact=config.exact)
 
     @property
     def enabled(self) -> bool:
