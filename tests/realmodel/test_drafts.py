@@ -15,6 +15,7 @@ from ssr_server.agent.loop import Agent, RunOptions
 from ssr_server.core.library import LibraryRegistry
 from ssr_server.core.protocol import Context, Generation, GenerationParams, Grammar
 from ssr_server.engine.torch.config import EngineConfig
+from ssr_server.engine.torch.cpu_bf16 import has_native_bf16
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import load_model
 
@@ -73,6 +74,8 @@ def test_a_tool_call_is_the_same_with_drafts(engines: tuple[TorchEngine, TorchEn
     assert b.forwards < a.forwards
 
 
+@pytest.mark.skipif(not has_native_bf16(),
+                    reason="exact drafts are not covered without bf16 arithmetic (docs: exact drafts)")
 def test_exact_draft_rows_are_the_bits_of_one_token_steps(real_model_dir: Path) -> None:
     """bf16, exact drafts (the default): a chunk of a fed token and eleven draft tokens gives, row for
     row, the very logits that twelve one-token steps give. (Computed together, the rows differ in the
@@ -132,5 +135,7 @@ def test_the_actions_bench_runs_the_text_only_model_on_the_questions_text(real_m
     assert off["failed"] == on["failed"] == 0 and off["turns"] > 0 and on["turns"] > 0
     assert off["draft_acceptance"] is None and on["draft_acceptance"] > 0
     same = r["modes"]["ssr"]["identical_turns"]
-    assert same["of"] > 0 and same["same"] == same["of"]
+    assert same["of"] > 0
+    if has_native_bf16():  # exact drafts are not covered without bf16 arithmetic (docs: exact drafts)
+        assert same["same"] == same["of"]
     assert on["forwards_per_action"] < off["forwards_per_action"]
