@@ -80,7 +80,8 @@ def test_exact_draft_rows_are_the_bits_of_one_token_steps(real_model_dir: Path) 
     """bf16, exact drafts (the default): a chunk of a fed token and eleven draft tokens gives, row for
     row, the very logits that twelve one-token steps give. (Computed together, the rows differ in the
     last bits now and then: oneDNN multiplies one row by another kernel than several, and attention
-    over a chunk rounds otherwise than over one token; greedy decoding then flips at near-ties.)"""
+    over a chunk rounds otherwise than over one token; greedy decoding then flips at near-ties.) The
+    context (570 tokens) puts the rows' keys in two of ``exact_attention``'s 64-key blocks."""
     import torch
 
     from ssr_server.engine.torch.prefix_cache import PrefixCache
@@ -88,8 +89,11 @@ def test_exact_draft_rows_are_the_bits_of_one_token_steps(real_model_dir: Path) 
 
     lm = load_model(str(real_model_dir), EngineConfig(dtype="bf16"))
     runner = ModelRunner(lm, PrefixCache(1 << 30), min_rows=2)
-    ids = list(lm.tokenizer.apply_chat_template([{"role": "user", "content": "Name three rivers of Europe."}],
-                                                tokenize=True, add_generation_prompt=True, return_dict=False))
+    text = "Name three rivers of Europe, and say which seas they flow into. " * 40
+    ids = list(lm.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                                add_generation_prompt=True, return_dict=False))
+    ids = ids[: 8 * 64 + 58]  # the twelve rows' keys start 6 short of a 64-key block's end: two blocks
+    assert len(ids) == 8 * 64 + 58
 
     def prefilled() -> tuple[Any, torch.Tensor, int]:
         p = runner.prepare(Context(tuple(ids)), reserve=32)
@@ -101,7 +105,8 @@ def test_exact_draft_rows_are_the_bits_of_one_token_steps(real_model_dir: Path) 
     fed, steps = [], []
     for _ in range(12):  # one token per forward: the reference
         tok = int(logits.argmax())
-        out = runner.forward([Chunk(kv, [tok], torch.tensor([[pos]]), [0], past_len=kv.length)])[0]
+        out = runner.forward([Chunk(kv, [tok], torch.tensor([[pos]]), [0], past_len=kv.length,
+                                    alone_from=0)])[0]  # an exact engine's one-token step
         kv.length += 1 if out.inplace else 0
         if not out.inplace:
             kv.append(out.keys, out.values)

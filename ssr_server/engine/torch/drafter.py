@@ -135,7 +135,7 @@ class Drafter:
             pos = torch.arange(seq.next_pos, seq.next_pos + len(ids), dtype=torch.long,
                                device=dev).expand(dims, len(ids))
             return Chunk(seq.kv, ids, pos, list(range(len(ids))), past_len=seq.kv.length,
-                         alone_from=0 if self.config.exact and len(ids) > 1 else None)
+                         alone_from=0 if self.config.exact else None)
         steps = [0] + [i + 1 for c in chains for i in range(len(c))]
         pos = (torch.tensor(steps, dtype=torch.long, device=dev) + seq.next_pos).expand(dims, len(steps))
         ids = [tok, *(t for c in chains for t in c)]
