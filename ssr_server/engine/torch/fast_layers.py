@@ -3,8 +3,9 @@
 A small model's decode step on a CPU is partly Python: each of a layer's ~15 module calls goes through
 ``nn.Module.__call__`` (hooks, forward pre/post checks) and transformers' wrappers (deprecated-argument
 decorators, the kernels hub's forward switch), 30 layers over. For the decoder-layer classes listed
-here, ``install_fast_layers`` gives each layer a forward that makes the very same tensor operations, in
-the same order and dtypes, but calls its submodules' ``forward`` directly (the packed and fused
+here (Llama; Qwen3 and Qwen3-VL's text decoder, which add an RMSNorm over each head's queries and
+keys), ``install_fast_layers`` gives each layer a forward that makes the very same tensor operations,
+in the same order and dtypes, but calls its submodules' ``forward`` directly (the packed and fused
 projections of ``cpu_bf16`` included). The results are the same bits (tests compare the logits of a
 prefill and a greedy decode both ways); a SmolLM2-135M bf16 decode step takes ~2 ms less (of ~33,
 measured). A layer class not listed keeps transformers' forward.
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama import modeling_llama as llama
+from transformers.models.qwen3 import modeling_qwen3 as qwen3
+from transformers.models.qwen3_vl import modeling_qwen3_vl as qwen3_vl
 
 from ssr_server.engine.torch import forwards
 
@@ -60,21 +63,26 @@ class _Rotary:
 _rotary = _Rotary()
 
 
-def _llama_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
-                 cache: Any = None, use_cache: bool | None = False,
-                 position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 past_key_values: Any = None, **kwargs: Any) -> torch.Tensor:
-    """``LlamaDecoderLayer.forward`` (with ``LlamaAttention`` and ``LlamaMLP`` inlined)."""
-    attn, q_proj, k_proj, v_proj, o_proj, gate, up, down, act, norm1, norm2 = self.ssr_parts
+def _layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = None, position_ids: Any = None,
+           cache: Any = None, use_cache: bool | None = False,
+           position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+           past_key_values: Any = None, **kwargs: Any) -> torch.Tensor:
+    """``LlamaDecoderLayer.forward`` (with ``LlamaAttention`` and ``LlamaMLP`` inlined); with the per-head
+    query and key norms (``q_norm``, ``k_norm``) when the layer has them, as Qwen3's do."""
+    (attn, q_proj, k_proj, v_proj, o_proj, gate, up, down, act, norm1, norm2, q_norm, k_norm,
+     attn_kwargs) = self.ssr_parts
     cache = cache if cache is not None else past_key_values  # transformers < 5.19 names it so
     if position_embeddings is None:
-        raise ValueError("the fast Llama layer needs the model's rotary position embeddings")
+        raise ValueError("the fast decoder layer needs the model's rotary position embeddings")
     residual = hidden_states
     h = _rms_norm(norm1, hidden_states)
     input_shape = h.shape[:-1]
     shape = (*input_shape, -1, attn.head_dim)
-    q = q_proj.forward(h).view(shape).transpose(1, 2)
-    k = k_proj.forward(h).view(shape).transpose(1, 2)
+    q = q_proj.forward(h).view(shape)
+    k = k_proj.forward(h).view(shape)
+    if q_norm is not None:
+        q, k = _rms_norm(q_norm, q), _rms_norm(k_norm, k)
+    q, k = q.transpose(1, 2), k.transpose(1, 2)
     v = v_proj.forward(h).view(shape).transpose(1, 2)
     q, k = _rotary(q, k, *position_embeddings)
     if cache is not None:
@@ -82,7 +90,7 @@ def _llama_layer(self: Any, hidden_states: torch.Tensor, attention_mask: Any = N
     attention = _attention_of(attn)
     dropout = 0.0 if not attn.training else attn.attention_dropout
     o, _ = attention(attn, q, k, v, attention_mask, dropout=dropout, scaling=attn.scaling,
-                     position_ids=position_ids, use_cache=use_cache, **kwargs)
+                     position_ids=position_ids, use_cache=use_cache, **attn_kwargs, **kwargs)
     o = o_proj.forward(o.reshape(*input_shape, -1).contiguous())
     hidden_states = residual + o
     residual = hidden_states
@@ -99,20 +107,36 @@ def _attention_of(attn: Any) -> Callable[..., tuple[torch.Tensor, Any]]:
     return fn
 
 
-def _llama_parts(layer: Any) -> tuple[Any, ...]:
+# the layer classes with a fast forward: (layer, its MLP, its RMSNorm, with per-head q/k norms)
+_LISTED = (
+    (llama.LlamaDecoderLayer, llama.LlamaMLP, llama.LlamaRMSNorm, False),
+    (qwen3.Qwen3DecoderLayer, qwen3.Qwen3MLP, qwen3.Qwen3RMSNorm, True),
+    (qwen3_vl.Qwen3VLTextDecoderLayer, qwen3_vl.Qwen3VLTextMLP, qwen3_vl.Qwen3VLTextRMSNorm, True),
+)
+
+
+def _parts(layer: Any, qk_norm: bool) -> tuple[Any, ...]:
     # submodules looked up once (nn.Module.__getattr__ is a slow path, ~520 lookups a step otherwise)
     a, m = layer.self_attn, layer.mlp
+    # what the stock attention passes on to the attention function besides Llama's arguments
+    extra = {"sliding_window": a.sliding_window} if hasattr(a, "sliding_window") else {}
+    norms = (a.q_norm, a.k_norm) if qk_norm else (None, None)
     return (a, a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj, m.act_fn,
-            layer.input_layernorm, layer.post_attention_layernorm)
+            layer.input_layernorm, layer.post_attention_layernorm, *norms, extra)
 
 
-def _fast_forward(module: Any) -> Callable[..., torch.Tensor] | None:
-    """The fast forward for ``module``, if it is exactly one of the listed layers (a subclass, or a
-    replaced norm or MLP, may compute something else)."""
-    if type(module) is llama.LlamaDecoderLayer and type(module.mlp) is llama.LlamaMLP \
-            and type(module.input_layernorm) is llama.LlamaRMSNorm \
-            and type(module.post_attention_layernorm) is llama.LlamaRMSNorm:
-        return _llama_layer
+def _listed(module: Any) -> bool | None:
+    """For exactly one of the listed layers (a subclass, or a replaced norm or MLP, may compute something
+    else): whether it has per-head q/k norms; None otherwise."""
+    for layer_cls, mlp_cls, norm_cls, qk_norm in _LISTED:
+        if type(module) is not layer_cls:
+            continue
+        norms: list[Any] = [module.input_layernorm, module.post_attention_layernorm]
+        if qk_norm:
+            norms += [module.self_attn.q_norm, module.self_attn.k_norm]
+        if type(module.mlp) is mlp_cls and all(type(n) is norm_cls for n in norms):
+            return qk_norm
+        return None
     return None
 
 
@@ -120,11 +144,11 @@ def install_fast_layers(model: Any) -> int:
     """Give every decoder layer of a listed class the fast forward; how many."""
     count = 0
     for module in model.modules():
-        fwd = _fast_forward(module)
-        if fwd is None:
+        qk_norm = _listed(module)
+        if qk_norm is None:
             continue
-        object.__setattr__(module, "ssr_parts", _llama_parts(module))
-        forwards.install(module, "ssr_fast_forward", fwd)
+        object.__setattr__(module, "ssr_parts", _parts(module, qk_norm))
+        forwards.install(module, "ssr_fast_forward", _layer)
         count += 1
     model.ssr_fast_layers = count  # visible to benchmarks and logs
     return count
