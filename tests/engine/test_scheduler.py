@@ -314,12 +314,16 @@ def test_first_scoring_of_a_fresh_context_copies_no_kv(make_engine: Callable[...
 # ---------------------------------------------------------------- a turn's selection: one forward
 
 
+@pytest.mark.parametrize("exact", ["off", "on"])
 def test_an_observation_is_prefilled_and_scored_in_one_forward(
         make_engine: Callable[..., TorchEngine], tok: Any, runner: Any, contexts: dict[str, Context],
-        images: tuple[ImageRef, ImageRef, ImageRef], candidates: list[list[int]]) -> None:
+        images: tuple[ImageRef, ImageRef, ImageRef], candidates: list[list[int]], exact: str) -> None:
     """The next turn's context = the cached one + an observation (text and a thumbnail): its rest and
-    the candidates run in ONE forward, the scores are exact, and the context is cached after it."""
-    engine = make_engine()
+    the candidates run in ONE forward, the scores are exact, and the context is cached after it. With
+    exact rows (``exact_drafts``) too, where the rest attends through fixed-shape calls and the
+    candidates see it in its segment."""
+    engine = make_engine(exact_drafts=exact)
+    assert engine.runner.exact == (exact == "on")
     tap = Tap(engine)
     first = contexts["image"]
     submit(engine, ScoreJob(first, candidates=candidates))

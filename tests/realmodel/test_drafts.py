@@ -88,7 +88,7 @@ def test_exact_draft_rows_are_the_bits_of_one_token_steps(real_model_dir: Path) 
     from ssr_server.engine.torch.runner import Chunk, ModelRunner
 
     lm = load_model(str(real_model_dir), EngineConfig(dtype="bf16"))
-    runner = ModelRunner(lm, PrefixCache(1 << 30), min_rows=2)
+    runner = ModelRunner(lm, PrefixCache(1 << 30), exact=True)
     text = "Name three rivers of Europe, and say which seas they flow into. " * 40
     ids = list(lm.tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
                                                 add_generation_prompt=True, return_dict=False))
@@ -118,6 +118,40 @@ def test_exact_draft_rows_are_the_bits_of_one_token_steps(real_model_dir: Path) 
                   alone_from=0)
     rows = runner.forward([chunk])[0].logits
     assert all(torch.equal(rows[i], steps[i]) for i in range(12))
+
+
+@pytest.mark.skipif(not has_native_bf16(),
+                    reason="exact drafts are not covered without bf16 arithmetic (docs: exact drafts)")
+@pytest.mark.parametrize("cuts", [[150], [37], [1, 100, 101, 250], [64, 128, 200]])
+def test_an_exact_engines_prompt_has_the_same_bits_wherever_it_is_cut(real_model_dir: Path,
+                                                                      cuts: list[int]) -> None:
+    """bf16, exact (the default with drafts on): a 300-token prompt prefilled in chunks cut at ``cuts``
+    (as pacing cuts a long prompt beside other runs' decode steps, from measured times) holds the very
+    keys, values and last logits of the prompt prefilled whole. (Attention over a chunk rounds
+    otherwise than over another: a plain bf16 engine differs at each of these cuts,
+    and exact rows in calls of as many rows as the chunk had differ at 150.)"""
+    import torch
+
+    from ssr_server.engine.torch.prefix_cache import PrefixCache
+    from ssr_server.engine.torch.runner import ModelRunner
+
+    lm = load_model(str(real_model_dir), EngineConfig(dtype="bf16"))
+    runner = ModelRunner(lm, PrefixCache(1 << 30), exact=True)
+    text = "Name three rivers of Europe, and say which seas they flow into. " * 30
+    ids = list(lm.tokenizer.encode(text, add_special_tokens=False))[:300]
+    assert len(ids) == 300
+
+    def prefilled(at: list[int]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        p = runner.prepare(Context(tuple(ids)), reserve=8)
+        for end in [*at, len(ids)]:
+            chunk = runner.prefill_chunk(p, end - p.reused)
+            runner.commit(p, chunk, runner.forward([chunk])[0])
+        assert p.kv is not None and p.last_logits is not None and p.reused == len(ids)
+        return [t[:, :, : len(ids)] for t in (*p.kv.keys, *p.kv.values)], p.last_logits
+
+    whole, cut = prefilled([]), prefilled(cuts)
+    assert all(torch.equal(a, b) for a, b in zip(whole[0], cut[0], strict=True))
+    assert torch.equal(whole[1], cut[1])
 
 
 def test_the_actions_bench_runs_the_text_only_model_on_the_questions_text(real_model_dir: Path,

@@ -44,7 +44,7 @@ class TorchEngine:
             self.lm = load_model(model, cfg)
         self.prefix_cache = PrefixCache(cfg.prefix_cache_bytes, cfg.prefix_cache_entries)
         self.runner = ModelRunner(self.lm, self.prefix_cache, max_context=cfg.max_context,
-                                  min_rows=2 if cfg.exact else 1)
+                                  exact=cfg.exact)
         self.scheduler = Scheduler(self.runner, self.lm.eos_token_ids, cfg, start=start)
         self.grammars = GrammarCache(self.lm.tokenizer, self.runner.vocab_size, self.lm.eos_token_ids,
                                      threads=min(cfg.threads or 2, 8))

@@ -10,7 +10,8 @@ second, both with their log-sum-exp, combined in fp32 (split-KV decoding's merge
 lies in the same block share both calls; measured here, SDPA's flash kernel gives each row the same
 bits whether it is alone (as two: one row takes another path) or among 2 to 20, with or without a mask
 of a fixed shape. A one-token step of an exact engine goes through ``rows`` too, so both sides of a
-verification compute alike.
+verification compute alike; so do its prefill rows, with every call padded to one shape (``fixed``),
+so that a prompt's keys do not depend on where it was cut into chunks.
 """
 
 from __future__ import annotations
@@ -33,10 +34,13 @@ def one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float | None
 
 
 def rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, scaling: float | None,
-         memo: dict[Any, torch.Tensor] | None = None) -> torch.Tensor:
+         memo: dict[Any, torch.Tensor] | None = None, fixed: bool = False) -> torch.Tensor:
     """(1, heads, R, d) for q (1, heads, R, d): row r attends to keys [0, first + r] of k, v (its own key
     is at first + r), with the bits it gets in any other call of this function. ``memo``: kept across
-    the layers of one forward (the masks and the padding are the same in every layer)."""
+    the layers of one forward (the masks and the padding are the same in every layer). ``fixed``: every
+    block's call has ``BLOCK`` query rows (padded with copies of its last row): a prefill's rows get the
+    same bits however the prompt is cut (calls of 2-20 rows agree with one another, measured, but a
+    block's 22 rows and its 64 were seen to differ in one row of a real model's prompt)."""
     memo = {} if memo is None else memo
     out = q.new_empty(q.shape)
     n = q.shape[2]
@@ -50,19 +54,22 @@ def rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, scaling:
         b = (first + r0) // BLOCK * BLOCK
         r1 = min(n, b + BLOCK - first)  # the rows whose own key lies in the block [b, b + BLOCK)
         visible = [first + r - b + 1 for r in range(r0, r1)]
-        out[:, :, r0:r1] = _block(q[:, :, r0:r1], k, v, b, visible, scaling, memo)
+        out[:, :, r0:r1] = _block(q[:, :, r0:r1], k, v, b, visible, scaling, memo, fixed)
         r0 = r1
     return out
 
 
 def _block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, b: int, visible: list[int],
-           scaling: float | None, memo: dict[Any, torch.Tensor]) -> torch.Tensor:
+           scaling: float | None, memo: dict[Any, torch.Tensor], fixed: bool = False) -> torch.Tensor:
     """Rows whose own keys lie in the block starting at key ``b``; ``visible[i]``: keys of the block row
     i sees."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     heads, m, d = q.shape[1], q.shape[2], q.shape[3]
     kv_heads = k.shape[1]
-    if m == 1:  # one row takes another path through the kernel than two or more: as two, always
+    if fixed and m < BLOCK:
+        q = torch.cat([q, q[:, :, -1:].expand(-1, -1, BLOCK - m, -1)], dim=2)
+        visible = visible + [visible[-1]] * (BLOCK - m)
+    elif m == 1:  # one row takes another path through the kernel than two or more: as two, always
         q, visible = torch.cat([q, q], dim=2), visible * 2
     rows = q.shape[2]
     qf = q.reshape(1, kv_heads, heads // kv_heads * rows, d)  # fold each KV group's heads into rows

@@ -55,6 +55,9 @@ class Chunk:
     # Rows from this one on attend each as a one-token decode step would, whatever follows them in the
     # chunk (a draft verified in reduced precision: see ``segments``); None: the chunk attends at once.
     alone_from: int | None = None
+    # Its first rows (a prefill chunk of an exact engine) attend through calls of one fixed shape, so that
+    # a prompt's keys have the same bits wherever it is cut into chunks (see ``exact_attention.rows``).
+    exact_rows: int = 0
 
 
 @dataclass
@@ -90,14 +93,17 @@ class Prepared:
 
 class ModelRunner:
     def __init__(self, lm: LoadedModel, prefix_cache: PrefixCache, image_cache: ImageCache | None = None,
-                 max_context: int | None = None, min_rows: int = 1) -> None:
+                 max_context: int | None = None, exact: bool = False) -> None:
         self.lm = lm
-        # A forward of one row gets a second (a copy that attends to itself alone, its outputs dropped):
-        # oneDNN multiplies one row by another kernel than two or more (its bf16 down projection, 1,536
-        # deep, rounds some outputs one step apart), and exact drafts need every row's linear layers to
-        # compute what they would in any other forward. Measured on SmolLM2 bf16: 31.9 -> 35.2 ms a
-        # decode step (padding each product to two rows instead: 36-39 ms)
-        self.min_rows = min_rows
+        # ``exact``: every row's bits are the same whichever rows share its forward (exact drafts in
+        # reduced precision: see ``segments``). A forward of one row gets a second (a copy that attends to
+        # itself alone, its outputs dropped): oneDNN multiplies one row by another kernel than two or
+        # more (its bf16 down projection, 1,536 deep, rounds some outputs one step apart). Measured on
+        # SmolLM2 bf16: 31.9 -> 35.2 ms a decode step (padding each product to two rows instead: 36-39 ms).
+        # And prefill chunks attend through exact rows, so that where a prompt is cut into chunks (which
+        # pacing decides from measured times) or between cache and prefill changes no key's bits.
+        self.exact = exact
+        self.min_rows = 2 if exact else 1
         self.cache = prefix_cache
         self.images = image_cache or ImageCache()
         text = lm.text_config
@@ -231,7 +237,8 @@ class ModelRunner:
         pv, grid = images_in(p.exp, start, end)
         rows = [end - start - 1] if end == n else []
         return Chunk(p.kv, p.exp.ids[start:end], pos, rows, pv, grid,
-                     past_len=p.kv.length if p.kv is not None else 0, next_pos=next_pos)
+                     past_len=p.kv.length if p.kv is not None else 0, next_pos=next_pos,
+                     exact_rows=end - start if self.exact else 0)
 
     def commit(self, p: Prepared, chunk: Chunk, out: ChunkOut) -> None:
         """Make ``p``'s private KV hold ``chunk`` after it ran (and the last logits, after the last)."""

@@ -55,6 +55,7 @@ class Segment:
     closed: bool = False  # a tree draft's segment: no later chunk joins it
     mask: torch.Tensor | None = None  # (1, 1, t, past_len + t) additive; None: one token, no mask
     alone_from: int | None = None  # rows from here on are exact rows (``Chunk.alone_from``)
+    exact_rows: int = 0  # its first rows are an exact engine's prefill rows (``Chunk.exact_rows``)
     memo: dict[Any, torch.Tensor] = field(default_factory=dict)  # exact rows' masks, across the layers
 
 
@@ -72,12 +73,14 @@ def plan(chunks: list[Any], dtype: torch.dtype, device: torch.device) -> list[Se
         tree = c.branches
         alone = c.alone_from
         if last is not None and past is not None and last.past is past and last.past_len == c.past_len \
-                and not tree and not last.closed and alone is None and last.alone_from is None:
+                and not tree and not last.closed and alone is None and last.alone_from is None \
+                and not c.exact_rows:
             last.bounds.append((o - last.start, o - last.start + t))
             last.sees_first.append(bool(c.sees_first))
             last.end = o + t
         else:
-            segs.append(Segment(o, o + t, past, c.past_len if past is not None else 0, [(0, t)], [False]))
+            segs.append(Segment(o, o + t, past, c.past_len if past is not None else 0, [(0, t)], [False],
+                                exact_rows=c.exact_rows))
             if alone is not None and not tree:
                 segs[-1].alone_from, segs[-1].closed = alone, True
             if tree:
@@ -96,8 +99,9 @@ def plan(chunks: list[Any], dtype: torch.dtype, device: torch.device) -> list[Se
             s.past.reserve(s.end - s.start, exact=s.end - s.start > 1)
             s.inplace = True
         if s.alone_from is not None:  # the rows before it attend together, as the same rows alone would
-            s.mask = _mask(dtype, device, s.past_len, [(0, s.alone_from)]) if s.alone_from > 0 else None
-        else:
+            a = s.alone_from
+            s.mask = _mask(dtype, device, s.past_len, [(0, a)]) if a > 0 and not s.exact_rows else None
+        elif s.exact_rows < s.end - s.start:  # (candidates after an exact prefill chunk: their rows)
             s.mask = _mask(dtype, device, s.past_len, s.bounds, s.sees_first)
     return segs
 
@@ -196,18 +200,28 @@ def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch
             k, v = torch.cat([pk, k_new], dim=2), torch.cat([pv, v_new], dim=2)
         q = query[:, :, s.start : s.end]
         heads, kv_heads = q.shape[1], k.shape[1]
+        e, n = s.exact_rows, s.past_len
+        if e:  # an exact engine's prefill rows: calls of one shape, wherever the prompt was cut
+            out[:, :, s.start : s.start + e] = exact_attention.rows(q[:, :, :e], k, v, n, scaling, s.memo,
+                                                                    fixed=True)
         if s.alone_from is not None:  # exact drafts: the prompt's rows as without a draft, then exact rows
-            a, n = s.alone_from, s.past_len
-            if a == 1:
+            a = s.alone_from
+            if a == 1 and not e:
                 o1 = one(q[:, :, :1], k[:, :, : n + 1], v[:, :, : n + 1], scaling)
                 out[:, :, s.start : s.start + 1] = o1
-            elif a > 1:
+            elif a > 1 and not e:
                 out[:, :, s.start : s.start + a] = torch.nn.functional.scaled_dot_product_attention(
                     q[:, :, :a], k[:, :, : n + a], v[:, :, : n + a], attn_mask=s.mask, scale=scaling,
                     enable_gqa=True)
             if s.end - s.start > a:
                 out[:, :, s.start + a : s.end] = exact_attention.rows(q[:, :, a:], k, v, n + a, scaling,
                                                                       s.memo)
+            continue
+        if e:
+            if s.end - s.start > e:  # the candidates that see the prefill rows (fused scoring)
+                assert s.mask is not None  # internal invariant: ``plan`` gives them their mask
+                out[:, :, s.start + e : s.end] = torch.nn.functional.scaled_dot_product_attention(
+                    q[:, :, e:], k, v, attn_mask=s.mask[:, :, e:], scale=scaling, enable_gqa=True)
             continue
         if s.mask is None and s.end - s.start == 1 and heads % kv_heads == 0:
             o = one(q, k, v, scaling)
