@@ -101,9 +101,11 @@ class ModelRunner:
         # more (its bf16 down projection, 1,536 deep, rounds some outputs one step apart). Measured on
         # SmolLM2 bf16: 31.9 -> 35.2 ms a decode step (padding each product to two rows instead: 36-39 ms).
         # And prefill chunks attend through exact rows, so that where a prompt is cut into chunks (which
-        # pacing decides from measured times) or between cache and prefill changes no key's bits.
+        # pacing decides from measured times) or between cache and prefill changes no key's bits: on a
+        # CPU only (elsewhere exact rows are one attention call each, too slow for a prompt's rows).
         self.exact = exact
         self.min_rows = 2 if exact else 1
+        self._exact_prefill = exact and lm.device.type == "cpu"
         self.cache = prefix_cache
         self.images = image_cache or ImageCache()
         text = lm.text_config
@@ -238,7 +240,7 @@ class ModelRunner:
         rows = [end - start - 1] if end == n else []
         return Chunk(p.kv, p.exp.ids[start:end], pos, rows, pv, grid,
                      past_len=p.kv.length if p.kv is not None else 0, next_pos=next_pos,
-                     exact_rows=end - start if self.exact else 0)
+                     exact_rows=end - start if self._exact_prefill else 0)
 
     def commit(self, p: Prepared, chunk: Chunk, out: ChunkOut) -> None:
         """Make ``p``'s private KV hold ``chunk`` after it ran (and the last logits, after the last)."""
