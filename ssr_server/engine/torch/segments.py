@@ -101,7 +101,7 @@ def plan(chunks: list[Any], dtype: torch.dtype, device: torch.device) -> list[Se
         if s.alone_from is not None:  # the rows before it attend together, as the same rows alone would
             a = s.alone_from
             s.mask = _mask(dtype, device, s.past_len, [(0, a)]) if a > 0 and not s.exact_rows else None
-        elif s.exact_rows < s.end - s.start:  # (candidates after an exact prefill chunk: their rows)
+        elif s.exact_rows < s.end - s.start:  # every segment but a lone exact prefill chunk (no mask)
             s.mask = _mask(dtype, device, s.past_len, s.bounds, s.sees_first)
     return segs
 
