@@ -30,7 +30,8 @@ class Settings(BaseSettings):
         "On a machine shared with other CPU-heavy processes, 1 is often faster")
     bf16_matmul: Literal["auto", "native", "fp32"] = Field(
         "auto", description="bf16 on a CPU without bf16 arithmetic: auto routes bf16 matmuls of 8 rows or "
-        "more through the fp32 kernel (exact upcast, bf16 result); native never does; fp32 always does. On a "
+        "more through the fp32 kernel (exact upcast, bf16 result), except with exact drafts (the kernel "
+        "would change with the row count); native never does; fp32 always does. On a "
         "CPU with bf16 arithmetic, auto packs the linear weights once for oneDNN (same results, faster "
         "decoding, a second copy of those weights in memory); native keeps PyTorch's plain kernel")
     prefix_cache_mb: int = Field(
@@ -45,6 +46,10 @@ class Settings(BaseSettings):
     max_decode_slowdown: float = Field(
         1.5, ge=0, description="embedded engine: a paced prefill chunk may slow a forward this much "
         "(x a forward without it); 0 = fixed chunks")
+    max_heavy_delay: float = Field(
+        0.0, ge=0, description="embedded engine: while a selection or a picture's prefill waits, decode "
+        "steps and action prompts go first until they have cost this many times its forward; 0 = one "
+        "light forward, then the heavy one")
     max_context: int | None = Field(
         None, ge=2, description="longest context (images expanded, plus the candidates or the tokens to "
         "decode); longer ones are refused with 400 context_too_long before any work; unset = the model's "

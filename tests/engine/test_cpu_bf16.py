@@ -51,13 +51,36 @@ def test_configure_only_acts_on_bf16_cpu() -> None:
     assert m.ssr_fp32_matmul_layers == 2  # type: ignore[attr-defined]
 
 
+def test_an_exact_engine_keeps_one_kernel_on_a_cpu_without_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exact drafts need a draft row and a one-token step to take the same kernel: on a CPU without bf16
+    arithmetic ``auto`` then leaves PyTorch's bf16 kernel at every row count (tests/realmodel checks the
+    bits); without exact drafts it routes multi-row products through fp32."""
+    from ssr_server.engine.torch import cpu_bf16
+
+    monkeypatch.setattr(cpu_bf16, "has_native_bf16", lambda cpuinfo=None: False)
+    exact, plain = _model(), _model()
+    assert not configure_bf16_matmul(exact, torch.bfloat16, torch.device("cpu"), "auto", exact=True)
+    assert cpu_bf16.fp32_rows(exact[0]) is None
+    assert configure_bf16_matmul(plain, torch.bfloat16, torch.device("cpu"), "auto")
+    assert cpu_bf16.fp32_rows(plain[0]) == 8
+    forced = _model()  # an explicit choice stands
+    assert configure_bf16_matmul(forced, torch.bfloat16, torch.device("cpu"), "fp32", exact=True)
+
+
 def test_packed_weights_give_the_native_kernels_results() -> None:
     """oneDNN-packed weights: the same kernel as PyTorch's bf16 linear without its per-call weight
     reorder, so bit for bit the same results where that kernel is oneDNN's (CPUs with bf16)."""
     from ssr_server.engine.torch.cpu_bf16 import can_pack, install_packed_linear
 
-    assert can_pack()  # the CPU wheel the project installs has oneDNN
+    assert torch.backends.mkldnn.is_available()  # the CPU wheel the project installs has oneDNN
     native, packed = _model(), _model()
+    if not can_pack():  # a CPU oneDNN's bf16 path cannot run on (AVX only): nothing installed, no error
+        x = torch.randn(3, 64).to(torch.bfloat16)
+        assert install_packed_linear(packed) == 0 and packed.ssr_packed_linear_layers == 0  # type: ignore[attr-defined]
+        assert torch.equal(packed(x), native(x))
+        with pytest.raises(RuntimeError, match="bf16"):
+            torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 8, dtype=torch.bfloat16), 1)
+        return
     assert install_packed_linear(packed) == 2 and packed.ssr_packed_linear_layers == 2  # type: ignore[attr-defined]
     assert packed.state_dict().keys() == native.state_dict().keys()  # the packed copy is not a buffer
     for shape in ((1, 64), (1, 1, 64), (1, 3, 64), (8, 64), (1, 40, 64)):
@@ -96,7 +119,7 @@ def test_sibling_projections_share_one_packed_weight_with_the_same_results(
     bits as each projection alone (and as PyTorch's own kernel on CPUs with bf16); a sibling called
     with another input than the first one's multiplies by itself."""
     from ssr_server.engine.torch import cpu_bf16
-    from ssr_server.engine.torch.cpu_bf16 import install_packed_linear, use_packed
+    from ssr_server.engine.torch.cpu_bf16 import can_pack, install_packed_linear, use_packed
 
     calls: list[int] = []
     real = cpu_bf16._linear
@@ -111,6 +134,11 @@ def test_sibling_projections_share_one_packed_weight_with_the_same_results(
         native = _Block(bias).to(torch.bfloat16)
         fused = _Block(bias).to(torch.bfloat16)
         fused.load_state_dict(native.state_dict())
+        if not can_pack():  # see the test above: nothing to compare on this CPU but the fallback
+            assert install_packed_linear(fused) == 0
+            x = torch.randn(1, 9, 64).to(torch.bfloat16)
+            assert torch.equal(fused(x), native(x))
+            continue
         assert install_packed_linear(fused) == 7 and fused.ssr_fused_linear_layers == 5  # type: ignore[attr-defined]
         for shape in ((1, 1, 64), (1, 9, 64), (40, 64)):
             x = torch.randn(shape).to(torch.bfloat16)

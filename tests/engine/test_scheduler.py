@@ -444,3 +444,54 @@ def test_decode_steps_and_action_prompts_go_before_heavy_work(make_engine: Calla
     assert tap.tokens(n + 1) > 200  # the heavy prefill, beside the decode steps
     engine.scheduler.run_until_idle()
     assert heavy.future.result() and generation(prompt).token_ids and generation(gen).token_ids
+
+
+def test_an_action_prompt_alone_goes_before_heavy_work(make_engine: Callable[..., TorchEngine], tok: Any,
+                                                        contexts: dict[str, Context],
+                                                        candidates: list[list[int]]) -> None:
+    """Nothing decoding, a selection and an action prompt waiting: the prompt gets a forward of its own
+    first (it did ride in the selection's forward, ~15x its own cost)."""
+    engine = make_engine(speculative_tokens=0)
+    tap = Tap(engine)
+    submit(engine, ScoreJob(contexts["text"], candidates=candidates[:1]))
+    engine.scheduler.run_until_idle()
+    heavy = ScoreJob(long_context(tok, 200), candidates=candidates)
+    more = tuple(tok.encode(" then", add_special_tokens=False))
+    prompt = GenerateJob(Context(contexts["text"].token_ids + more),
+                         params=GenerationParams(max_new_tokens=4, ignore_eos=True))
+    submit(engine, heavy, prompt)
+    n = len(tap.forwards)
+    engine.scheduler.step()
+    assert len(tap.forwards[n]) == 1 and tap.tokens(n) <= 9  # the action prompt alone
+    engine.scheduler.step()
+    assert tap.tokens(n + 1) > 200  # then the heavy work, beside the prompt's first decode step
+    engine.scheduler.run_until_idle()
+    assert heavy.future.result() and generation(prompt).token_ids
+
+
+@pytest.mark.parametrize("delay", [0.0, 1e6])
+def test_max_heavy_delay_lets_light_forwards_go_first_for_so_long(
+        make_engine: Callable[..., TorchEngine], tok: Any, contexts: dict[str, Context],
+        candidates: list[list[int]], delay: float) -> None:
+    """``max_heavy_delay``: heavy work waits light forwards until they have cost that many times a heavy
+    forward (measured). 0: one light forward, then the heavy one; a large value: the generation
+    decodes to its end first."""
+    engine = make_engine(max_heavy_delay=delay, speculative_tokens=0)
+    tap = Tap(engine)
+    submit(engine, ScoreJob(long_context(tok, 200, "warm"), candidates=candidates))  # a heavy forward's cost
+    engine.scheduler.run_until_idle()
+    gen = GenerateJob(contexts["image"], params=GenerationParams(max_new_tokens=8, ignore_eos=True))
+    submit(engine, gen)
+    engine.scheduler.step()  # its prefill
+    heavy = ScoreJob(long_context(tok, 200), candidates=candidates)
+    submit(engine, heavy)
+    n = len(tap.forwards)
+    engine.scheduler.run_until_idle()
+    sizes = [tap.tokens(i) for i in range(n, len(tap.forwards))]
+    big = [i for i, t in enumerate(sizes) if t >= 200]  # the heavy job's context, prefilled whole
+    assert len(big) == 1
+    if delay == 0:
+        assert big[0] == 1  # one light forward, then the heavy one (beside a decode step)
+    else:  # the generation's 7 decode steps (its first token came from the prefill), then the heavy work
+        assert sizes[:7] == [1] * 7 and big[0] == 7
+    assert heavy.future.result() and len(generation(gen).token_ids) == 8

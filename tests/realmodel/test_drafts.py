@@ -15,7 +15,6 @@ from ssr_server.agent.loop import Agent, RunOptions
 from ssr_server.core.library import LibraryRegistry
 from ssr_server.core.protocol import Context, Generation, GenerationParams, Grammar
 from ssr_server.engine.torch.config import EngineConfig
-from ssr_server.engine.torch.cpu_bf16 import has_native_bf16
 from ssr_server.engine.torch.engine import TorchEngine
 from ssr_server.engine.torch.loader import load_model
 
@@ -74,8 +73,6 @@ def test_a_tool_call_is_the_same_with_drafts(engines: tuple[TorchEngine, TorchEn
     assert b.forwards < a.forwards
 
 
-@pytest.mark.skipif(not has_native_bf16(),
-                    reason="exact drafts are not covered without bf16 arithmetic (docs: exact drafts)")
 def test_exact_draft_rows_are_the_bits_of_one_token_steps(real_model_dir: Path) -> None:
     """bf16, exact drafts (the default): a chunk of a fed token and eleven draft tokens gives, row for
     row, the very logits that twelve one-token steps give. (Computed together, the rows differ in the
@@ -120,8 +117,6 @@ def test_exact_draft_rows_are_the_bits_of_one_token_steps(real_model_dir: Path) 
     assert all(torch.equal(rows[i], steps[i]) for i in range(12))
 
 
-@pytest.mark.skipif(not has_native_bf16(),
-                    reason="exact drafts are not covered without bf16 arithmetic (docs: exact drafts)")
 @pytest.mark.parametrize("cuts", [[150], [37], [1, 100, 101, 250], [64, 128, 200]])
 def test_an_exact_engines_prompt_has_the_same_bits_wherever_it_is_cut(real_model_dir: Path,
                                                                       cuts: list[int]) -> None:
@@ -175,6 +170,5 @@ def test_the_actions_bench_runs_the_text_only_model_on_the_questions_text(real_m
     assert off["draft_acceptance"] is None and on["draft_acceptance"] > 0
     same = r["modes"]["ssr"]["identical_turns"]
     assert same["of"] > 0
-    if has_native_bf16():  # exact drafts are not covered without bf16 arithmetic (docs: exact drafts)
-        assert same["same"] == same["of"]
+    assert same["same"] == same["of"]
     assert on["forwards_per_action"] < off["forwards_per_action"]

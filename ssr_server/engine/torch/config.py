@@ -32,6 +32,10 @@ class EngineConfig:
     # pacing: chunks of ``prefill_chunk_size``).
     prefill_chunk_size: int = 512
     max_decode_slowdown: float = 1.5
+    # While heavy work waits (a selection, a context prefilled whole), light forwards (decode steps,
+    # action prompts) go first, until they have cost this many times a heavy forward (measured): an
+    # action with drafts often ends before the selection starts. 0 = one light forward, then the heavy.
+    max_heavy_delay: float = 0.0
     min_prefill_chunk: int = 1  # the least a paced long prefill advances per forward (no starvation)
     prefix_cache_bytes: int = 1 << 30
     prefix_cache_entries: int = 256
@@ -77,6 +81,8 @@ class EngineConfig:
             raise EngineError("engine config: prefill_chunk_size must be <= max_num_batched_tokens")
         if self.max_decode_slowdown != 0 and self.max_decode_slowdown <= 1:
             raise EngineError("engine config: max_decode_slowdown must be > 1 (or 0: no pacing)")
+        if self.max_heavy_delay < 0:
+            raise EngineError("engine config: max_heavy_delay must be >= 0")
         if self.max_context is not None and self.max_context < 2:
             raise EngineError("engine config: max_context must be >= 2")
         if min(self.speculative_tokens, self.speculative_batch_tokens, self.speculative_branches) < 0:
@@ -97,7 +103,7 @@ class EngineConfig:
             device=settings.device, dtype=settings.dtype,
             max_num_batched_tokens=settings.max_batched_tokens, max_num_seqs=settings.max_batched_seqs,
             prefill_chunk_size=settings.prefill_chunk_tokens,
-            max_decode_slowdown=settings.max_decode_slowdown,
+            max_decode_slowdown=settings.max_decode_slowdown, max_heavy_delay=settings.max_heavy_delay,
             prefix_cache_bytes=settings.prefix_cache_mb * 1024 * 1024, max_context=settings.max_context,
             threads=settings.torch_threads, bf16_matmul=settings.bf16_matmul,
             speculative_tokens=settings.speculative_tokens,

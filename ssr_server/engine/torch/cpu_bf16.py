@@ -29,6 +29,7 @@ itself, with the plain weight.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import types
@@ -83,11 +84,23 @@ def install_fp32_matmul(model: Any, min_rows: int = 8) -> int:
     return count
 
 
+@functools.cache
 def can_pack() -> bool:
-    """Whether this PyTorch build has oneDNN's packed linear (CPU builds with mkldnn do)."""
+    """Whether oneDNN's packed bf16 linear runs here: the PyTorch build has it (CPU builds with mkldnn
+    do) and the CPU can run it (oneDNN's bf16 path needs avx512bw/vl/dq or avx_ne_convert: on an
+    AVX-only EPYC VM the reorder raises), tried once on a small weight."""
     ops = torch.ops.mkldnn
-    return bool(torch.backends.mkldnn.is_available()) and hasattr(ops, "_reorder_linear_weight") \
-        and hasattr(ops, "_linear_pointwise")
+    if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+            and hasattr(ops, "_linear_pointwise")):
+        return False
+    try:
+        with torch.no_grad():
+            packed = ops._reorder_linear_weight(torch.ones(8, 8, dtype=torch.bfloat16), 1)
+            _linear(torch.ones(1, 8, dtype=torch.bfloat16), packed, None)
+    except RuntimeError as exc:
+        log.info("oneDNN's packed bf16 linear does not run on this CPU: %s", exc)
+        return False
+    return True
 
 
 def _packed_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -167,7 +180,11 @@ def _packable(module: Any) -> bool:
 def install_packed_linear(model: Any) -> int:
     """Give every bf16 CPU ``nn.Linear`` of ``model`` a oneDNN-packed copy of its weight, used by its
     forward, sibling projections one copy for all (see the module's docstring). The plain weight stays:
-    code that reads it (the output head's blockwise log-probabilities, a tied embedding) is unchanged."""
+    code that reads it (the output head's blockwise log-probabilities, a tied embedding) is unchanged.
+    Where oneDNN's packed bf16 linear cannot run (``can_pack``), nothing is installed: 0."""
+    if not can_pack():
+        model.ssr_packed_linear_layers = model.ssr_fused_linear_layers = 0
+        return 0
     fused = _fuse(model)
     count = fused
     for module in model.modules():

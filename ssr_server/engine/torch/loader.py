@@ -108,7 +108,7 @@ def load_model(path_or_id: str, config: EngineConfig | None = None) -> LoadedMod
                                      attn_implementation=attention_for(hf_config))
     model.to(device)
     model.eval()
-    configure_bf16_matmul(model, torch_dtype, device, cfg.bf16_matmul)
+    configure_bf16_matmul(model, torch_dtype, device, cfg.bf16_matmul, exact=cfg.exact)
     install_fast_layers(model)
     tokenizer = AutoTokenizer.from_pretrained(path_or_id)
     image_processor = None
@@ -126,8 +126,10 @@ def load_model(path_or_id: str, config: EngineConfig | None = None) -> LoadedMod
     )
 
 
-def configure_bf16_matmul(model: Any, dtype: torch.dtype, device: torch.device, mode: str = "auto") -> bool:
-    """``auto``: on a CPU without bf16 arithmetic, multi-token bf16 matmuls use the fp32 kernel; on
+def configure_bf16_matmul(model: Any, dtype: torch.dtype, device: torch.device, mode: str = "auto",
+                          exact: bool = False) -> bool:
+    """``auto``: on a CPU without bf16 arithmetic, multi-token bf16 matmuls use the fp32 kernel (but not
+    for an ``exact`` engine: a draft row would then take another kernel than a one-token step); on
     one with it, the native kernel with weights packed once for oneDNN (see ``cpu_bf16``). ``native``:
     PyTorch's kernel as it is; ``fp32``: always the fp32 kernel (on CPU). True when either is installed."""
     from ssr_server.engine.torch.cpu_bf16 import (
@@ -148,6 +150,11 @@ def configure_bf16_matmul(model: Any, dtype: torch.dtype, device: torch.device, 
         log.info("bf16 on a CPU with bf16 arithmetic: %d linear layers multiply with oneDNN-packed "
                  "weights", n)
         return n > 0
+    if mode == "auto" and exact:
+        log.info("bf16 with exact drafts on a CPU without bf16 arithmetic: PyTorch's bf16 kernel at every "
+                 "row count (multi-row products through the fp32 one would change kernels with the row "
+                 "count, and drafts could change the text); fp32 or SSR_EXACT_DRAFTS=off are faster here")
+        return False
     n = install_fp32_matmul(model)
     log.info("bf16 on a CPU without bf16 arithmetic: %d linear layers use the fp32 kernel for "
              "multi-token forwards", n)

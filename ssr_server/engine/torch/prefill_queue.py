@@ -81,6 +81,10 @@ class PrefillQueue:
         return isinstance(job, GenerateJob) and p is not None and not job.paced and p.todo <= LIGHT_TOKENS \
             and all(s1 <= p.reused for _, s1 in p.exp.image_spans)
 
+    def light_waiting(self) -> bool:
+        """Whether an action prompt waits: a light forward is worth running for it alone."""
+        return any(self.light(j) for j in self.jobs)
+
     def heavy(self) -> bool:
         """Whether a prefill that runs whole and is not light waits (long ones are paced already)."""
         return any(not j.paced and not self.light(j) for j in self.jobs)

@@ -14,9 +14,12 @@ A step takes, under the budgets of ``EngineConfig`` (tokens and sequences per fo
    ``Pacer`` so the forward costs at most ``max_decode_slowdown`` x one without it; alone, as much
    as the token budget allows. The oldest prefill always advances (no starvation).
 
-While generations decode and heavy work waits (a selection, a context prefilled whole), a step carries
-only the decode steps (1), short action prompts and paced chunks; the next one carries the heavy work
-too: a decode step waits for one heavy forward in two, not for every one.
+While generations decode or an action prompt waits, and heavy work waits too (a selection, a context
+prefilled whole), a step carries only the decode steps (1), short action prompts and paced chunks; the
+next one carries the heavy work too: a decode step waits for one heavy forward in two, not for every
+one. ``max_heavy_delay`` lets more light forwards go first (until they have cost that many times a
+heavy forward): shorter actions, longer selections, and fewer runs a second, since a decode step that
+rides in a heavy forward costs a fraction of one of its own (docs/engines/embedded.md).
 
 A failure belongs to one job: a prepare error (bad image, ``ContextTooLong``) fails that job before any
 work; a failed batched forward is re-run job by job, and only the jobs whose own forward fails are
@@ -66,7 +69,9 @@ class Scheduler:
         self._prefills = PrefillQueue(runner, config, self.pacer)
         self._ready: deque[ScoreJob] = deque()  # contexts cached, candidates not yet scored
         self._running: deque[Seq] = deque()
-        self._owe_heavy = False
+        self._light = False  # the forward planned last carries no heavy work while some waits
+        self._light_spent = 0.0  # seconds of such light forwards since heavy work last ran
+        self._heavy_s = 0.0  # a heavy forward's cost (moving average)
         self._cv = threading.Condition()
         self._lane = Lane(self._cv) if wanted(config.prefill_lane, config.threads) else None
         self._stop = False
@@ -156,7 +161,13 @@ class Scheduler:
             return not self.idle()
         outs = self._forward(batch)
         self._apply(batch, outs)
-        self.pacer.observe(time.perf_counter() - t0, batch.multi_tokens)
+        spent = time.perf_counter() - t0
+        self.pacer.observe(spent, batch.multi_tokens)
+        if self._light:
+            self._light_spent += spent
+        elif any(w.kind == "score" or (w.kind == "prefill" and not w.owner.paced
+                                       and not PrefillQueue.light(w.owner)) for w in batch.works):
+            self._heavy_s = spent if self._heavy_s == 0.0 else 0.8 * self._heavy_s + 0.2 * spent
         self.batches += 1
         self.max_batch = max(self.max_batch, len(batch.works))
         return True
@@ -211,18 +222,26 @@ class Scheduler:
                     lane.submit(heavy, self._forward)
             self._plan_prefill(batch, skip_heavy=True)
             return batch
-        if batch.works and not self._owe_heavy and (self._ready or self._prefills.heavy()):
+        if (self._ready or self._prefills.heavy()) and (batch.works or self._prefills.light_waiting()) \
+                and self._light_first():
             # Heavy work (a selection with its observation's prefill: ~45 ms here, 15x a decode step)
-            # is waiting: this forward carries the decode steps and action prompts alone, the next one
-            # the heavy work too. A decode then waits for one heavy forward in two, not in every one;
-            # the heavy work waits one light forward.
-            self._owe_heavy = True
+            # is waiting: this forward carries the decode steps and action prompts alone, and so do the
+            # next ones until they have cost ``max_heavy_delay`` x a heavy forward; then the heavy work
+            # runs, beside the decode steps. Shortest work first: an action (a few light forwards with
+            # drafts) often ends before the selection starts, instead of waiting for one in two.
+            self._light = True
             self._plan_prefill(batch, skip_heavy=True)
             return batch
-        self._owe_heavy = False
+        self._light = False
+        self._light_spent = 0.0
         self._plan_scoring(batch)
         self._plan_prefill(batch)
         return batch
+
+    def _light_first(self) -> bool:
+        """Whether heavy work may wait one more light forward: always the first; then while the light
+        forwards it waited for cost less than ``max_heavy_delay`` x a heavy forward (measured)."""
+        return self._light_spent == 0.0 or self._light_spent < self.config.max_heavy_delay * self._heavy_s
 
     def _plan_decode(self, batch: Batch) -> None:
         """Choose each running generation's next token; feed those that go on (round robin), each
