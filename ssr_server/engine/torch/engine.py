@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ from ssr_server.engine.torch.loader import LoadedModel, load_model, resolve_dtyp
 from ssr_server.engine.torch.prefix_cache import PrefixCache
 from ssr_server.engine.torch.runner import ModelRunner
 from ssr_server.engine.torch.scheduler import Scheduler
+
+log = logging.getLogger(__name__)
 
 
 class TorchEngine:
@@ -40,6 +43,10 @@ class TorchEngine:
                 raise EngineError(f"the loaded model is {model.dtype} on {model.device}, the engine config "
                                   f"says {cfg.dtype} on {cfg.device}")
             self.lm = model
+            if cfg.exact and vars(model.model).get("ssr_fp32_matmul_layers", 0):
+                log.warning("exact drafts on a model loaded for an engine without them: its multi-row "
+                            "bf16 products go through the fp32 kernel, so drafts may change the text "
+                            "(load it with this engine's config)")
         else:
             self.lm = load_model(model, cfg)
         self.prefix_cache = PrefixCache(cfg.prefix_cache_bytes, cfg.prefix_cache_entries)
