@@ -418,6 +418,18 @@ def test_a_waiting_context_goes_on_when_its_leader_is_cancelled(make_engine: Cal
     assert isinstance(got, list) and max_diff(got, runner.naive_score(follower.ctx, candidates[:1])) <= TOL
 
 
+def _selection_and_action_prompt(engine: TorchEngine, tok: Any, cached: Context,
+                                 candidates: list[list[int]]) -> tuple[ScoreJob, GenerateJob]:
+    """Submits heavy work (a 200-token context prefilled whole, then scored) and a short action prompt
+    on the ``cached`` context."""
+    heavy = ScoreJob(long_context(tok, 200), candidates=candidates)
+    more = tuple(tok.encode(" then", add_special_tokens=False))
+    prompt = GenerateJob(Context(cached.token_ids + more), params=GenerationParams(max_new_tokens=4,
+                                                                                   ignore_eos=True))
+    submit(engine, heavy, prompt)
+    return heavy, prompt
+
+
 def test_decode_steps_and_action_prompts_go_before_heavy_work(make_engine: Callable[..., TorchEngine],
                                                               tok: Any, contexts: dict[str, Context],
                                                               candidates: list[list[int]]) -> None:
@@ -432,11 +444,7 @@ def test_decode_steps_and_action_prompts_go_before_heavy_work(make_engine: Calla
     submit(engine, gen)
     engine.scheduler.step()
     engine.scheduler.step()  # decoding
-    heavy = ScoreJob(long_context(tok, 200), candidates=candidates)
-    more = tuple(tok.encode(" then", add_special_tokens=False))
-    prompt = GenerateJob(Context(contexts["text"].token_ids + more),
-                         params=GenerationParams(max_new_tokens=4, ignore_eos=True))
-    submit(engine, heavy, prompt)
+    heavy, prompt = _selection_and_action_prompt(engine, tok, contexts["text"], candidates)
     n = len(tap.forwards)
     engine.scheduler.step()
     assert len(tap.forwards[n]) == 2 and tap.tokens(n) <= 2 * 9  # gen's decode step, the action prompt
@@ -455,11 +463,7 @@ def test_an_action_prompt_alone_goes_before_heavy_work(make_engine: Callable[...
     tap = Tap(engine)
     submit(engine, ScoreJob(contexts["text"], candidates=candidates[:1]))
     engine.scheduler.run_until_idle()
-    heavy = ScoreJob(long_context(tok, 200), candidates=candidates)
-    more = tuple(tok.encode(" then", add_special_tokens=False))
-    prompt = GenerateJob(Context(contexts["text"].token_ids + more),
-                         params=GenerationParams(max_new_tokens=4, ignore_eos=True))
-    submit(engine, heavy, prompt)
+    heavy, prompt = _selection_and_action_prompt(engine, tok, contexts["text"], candidates)
     n = len(tap.forwards)
     engine.scheduler.step()
     assert len(tap.forwards[n]) == 1 and tap.tokens(n) <= 9  # the action prompt alone
