@@ -85,9 +85,14 @@ class PrefillQueue:
         """Whether an action prompt waits: a light forward is worth running for it alone."""
         return any(self.light(j) for j in self.jobs)
 
+    @classmethod
+    def whole_heavy(cls, job: Job) -> bool:
+        """A prefill that runs whole and is not light (a context with its picture; long ones are paced)."""
+        return not job.paced and not cls.light(job)
+
     def heavy(self) -> bool:
-        """Whether a prefill that runs whole and is not light waits (long ones are paced already)."""
-        return any(not j.paced and not self.light(j) for j in self.jobs)
+        """Whether a heavy prefill (``whole_heavy``) waits."""
+        return any(self.whole_heavy(j) for j in self.jobs)
 
     def plan(self, batch: Batch, skip_heavy: bool = False, heavy_only: bool = False) -> None:
         """Add this forward's prefill work to ``batch``: ``skip_heavy``, all but the ``heavy`` ones;
@@ -96,7 +101,7 @@ class PrefillQueue:
         oldest = self.jobs[0] if self.jobs else None
         for job in self.jobs:  # short prefills: whole
             assert job.prep is not None
-            heavy = not job.paced and not self.light(job)
+            heavy = self.whole_heavy(job)
             if (skip_heavy and heavy) or (heavy_only and not heavy):
                 continue
             if not job.paced and (batch.room(job.prep.todo) or job is oldest):

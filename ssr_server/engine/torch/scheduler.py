@@ -165,8 +165,8 @@ class Scheduler:
         self.pacer.observe(spent, batch.multi_tokens)
         if self._light:
             self._light_spent += spent
-        elif any(w.kind == "score" or (w.kind == "prefill" and not w.owner.paced
-                                       and not PrefillQueue.light(w.owner)) for w in batch.works):
+        elif any(w.kind == "score" or (w.kind == "prefill" and PrefillQueue.whole_heavy(w.owner))
+                 for w in batch.works):
             self._heavy_s = spent if self._heavy_s == 0.0 else 0.8 * self._heavy_s + 0.2 * spent
         self.batches += 1
         self.max_batch = max(self.max_batch, len(batch.works))
