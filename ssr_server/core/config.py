@@ -50,6 +50,10 @@ class Settings(BaseSettings):
         0.0, ge=0, description="embedded engine: while a selection or a picture's prefill waits, decode "
         "steps and action prompts go first until they have cost this many times its forward; 0 = one "
         "light forward, then the heavy one")
+    slice_selections: bool = Field(
+        False, description="embedded engine: while decode steps or action prompts wait, each forward "
+        "carries them and a slice of the waiting selections (at least one candidate) instead of a "
+        "selection whole: faster actions under concurrency, slower selections; ignored by exact engines")
     max_context: int | None = Field(
         None, ge=2, description="longest context (images expanded, plus the candidates or the tokens to "
         "decode); longer ones are refused with 400 context_too_long before any work; unset = the model's "

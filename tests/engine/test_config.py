@@ -18,12 +18,14 @@ def test_from_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in {"SSR_DEVICE": "cuda:1", "SSR_DTYPE": "bf16", "SSR_MAX_BATCHED_TOKENS": "4096",
                  "SSR_MAX_BATCHED_SEQS": "32", "SSR_PREFILL_CHUNK_TOKENS": "256",
                  "SSR_MAX_DECODE_SLOWDOWN": "2", "SSR_PREFIX_CACHE_MB": "64", "SSR_MAX_CONTEXT": "8192",
-                 "SSR_TORCH_THREADS": "3", "SSR_BF16_MATMUL": "native", "SSR_MAX_HEAVY_DELAY": "0.5"}.items():
+                 "SSR_TORCH_THREADS": "3", "SSR_BF16_MATMUL": "native", "SSR_MAX_HEAVY_DELAY": "0.5",
+                 "SSR_SLICE_SELECTIONS": "true"}.items():
         monkeypatch.setenv(k, v)
     c = EngineConfig.from_settings(Settings())
     assert c == EngineConfig(device="cuda:1", dtype="bf16", max_num_batched_tokens=4096, max_num_seqs=32,
                              prefill_chunk_size=256, max_decode_slowdown=2.0, prefix_cache_bytes=64 << 20,
-                             max_context=8192, threads=3, bf16_matmul="native", max_heavy_delay=0.5)
+                             max_context=8192, threads=3, bf16_matmul="native", max_heavy_delay=0.5,
+                             slice_selections=True)
     with pytest.raises(AttributeError):
         c.device = "cpu"  # type: ignore[misc]  # frozen
 

@@ -499,3 +499,67 @@ def test_max_heavy_delay_lets_light_forwards_go_first_for_so_long(
     else:  # the generation's 7 decode steps (its first token came from the prefill), then the heavy work
         assert sizes[:7] == [1] * 7 and big[0] == 7
     assert heavy.future.result() and len(generation(gen).token_ids) == 8
+
+
+def test_a_selection_rides_with_decode_steps_a_slice_at_a_time(
+        make_engine: Callable[..., TorchEngine], tok: Any, runner: Any, contexts: dict[str, Context],
+        candidates: list[list[int]]) -> None:
+    """``slice_selections``: while a generation decodes, a selection (its observation's rest, then its
+    candidates) is scored a few candidates per forward, each forward carrying the decode step; the
+    scores are the unsliced ones, and every candidate's KV is kept whole for the action that follows
+    (an action on the chosen candidate decodes what it decodes on an engine that never sliced)."""
+    first = contexts["text"]
+    obs = tuple(tok.encode(" Observation: a tower of iron, 330 m. <think>", add_special_tokens=False))
+    ctx = Context(first.token_ids + obs)
+    action = GenerationParams(max_new_tokens=12, ignore_eos=True)
+    outcome: dict[bool, tuple[list[CandidateScore], list[list[Generation]]]] = {}
+    for sliced in (True, False):
+        engine = make_engine(slice_selections=sliced, speculative_tokens=0)
+        tap = Tap(engine)
+        submit(engine, ScoreJob(first, candidates=candidates[:1]))
+        engine.scheduler.run_until_idle()
+        gen = GenerateJob(contexts["image"], params=GenerationParams(max_new_tokens=40, ignore_eos=True))
+        submit(engine, gen)
+        engine.scheduler.step()
+        job = ScoreJob(ctx, candidates=candidates)
+        submit(engine, job)
+        n = len(tap.forwards)
+        while not job.future.done():
+            engine.scheduler.step()
+        carried = [f for f in tap.forwards[n:] if any(len(c.ids) > 1 for c in f)]
+        if sliced:
+            assert len(carried) >= 2  # the candidates over several forwards ...
+            assert all(any(len(c.ids) == 1 for c in f) for f in carried)  # ... each with the decode step
+        else:
+            assert len(carried) == 1
+        got = job.future.result()
+        assert isinstance(got, list) and max_diff(got, runner.naive_score(ctx, candidates)) <= TOL
+        acts = [GenerateJob(Context(ctx.token_ids + tuple(c)), params=action) for c in candidates]
+        submit(engine, *acts)
+        engine.scheduler.run_until_idle()
+        assert all(a.prep is not None and a.prep.cached_tokens == len(ctx.token_ids) + len(c)
+                   for a, c in zip(acts, candidates, strict=True))  # each from its candidate's KV
+        outcome[sliced] = (got, [[generation(a)] for a in acts])
+        assert len(generation(gen).token_ids) == 40
+    assert max_diff(outcome[True][0], outcome[False][0]) <= TOL
+    assert [[g.token_ids for g in a] for a in outcome[True][1]] == \
+        [[g.token_ids for g in a] for a in outcome[False][1]]
+
+
+def test_an_exact_engine_scores_a_selection_whole(make_engine: Callable[..., TorchEngine], tok: Any,
+                                                  contexts: dict[str, Context],
+                                                  candidates: list[list[int]]) -> None:
+    """``slice_selections`` is ignored by an exact engine: sliced, a candidate attends through another
+    shape than in the whole selection, so its scores' last bits would follow timing."""
+    engine = make_engine(slice_selections=True, speculative_tokens=0, exact_drafts="on")
+    tap = Tap(engine)
+    gen = GenerateJob(contexts["image"], params=GenerationParams(max_new_tokens=20, ignore_eos=True))
+    submit(engine, gen)
+    engine.scheduler.step()
+    job = ScoreJob(contexts["text"], candidates=candidates)
+    submit(engine, job)
+    n = len(tap.forwards)
+    engine.scheduler.run_until_idle()
+    scored = [f for f in tap.forwards[n:] if any(c.self_logprobs for c in f)]
+    assert len(scored) == 1 and sum(c.self_logprobs for c in scored[0]) == len(candidates)
+    assert job.future.result() and len(generation(gen).token_ids) == 20

@@ -36,6 +36,11 @@ class EngineConfig:
     # action prompts) go first, until they have cost this many times a heavy forward (measured): an
     # action with drafts often ends before the selection starts. 0 = one light forward, then the heavy.
     max_heavy_delay: float = 0.0
+    # While decode steps or action prompts wait, each forward carries them and a slice of the waiting
+    # selections (whole candidates within the Pacer's budget, the oldest selection at least one), instead
+    # of one light forward and then the selection whole: a decode step never waits for a whole selection
+    # (Sarathi-style). Off by default: selections take longer under concurrency. Exact engines ignore it.
+    slice_selections: bool = False
     min_prefill_chunk: int = 1  # the least a paced long prefill advances per forward (no starvation)
     prefix_cache_bytes: int = 1 << 30
     prefix_cache_entries: int = 256
@@ -104,6 +109,7 @@ class EngineConfig:
             max_num_batched_tokens=settings.max_batched_tokens, max_num_seqs=settings.max_batched_seqs,
             prefill_chunk_size=settings.prefill_chunk_tokens,
             max_decode_slowdown=settings.max_decode_slowdown, max_heavy_delay=settings.max_heavy_delay,
+            slice_selections=settings.slice_selections,
             prefix_cache_bytes=settings.prefix_cache_mb * 1024 * 1024, max_context=settings.max_context,
             threads=settings.torch_threads, bf16_matmul=settings.bf16_matmul,
             speculative_tokens=settings.speculative_tokens,

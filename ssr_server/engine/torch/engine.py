@@ -49,6 +49,9 @@ class TorchEngine:
                             "(load it with this engine's config)")
         else:
             self.lm = load_model(model, cfg)
+        if cfg.slice_selections and cfg.exact:
+            log.warning("slice_selections is ignored by an exact engine (%s with drafts): selections are "
+                        "scored whole, so that their scores do not depend on timing", cfg.dtype)
         self.prefix_cache = PrefixCache(cfg.prefix_cache_bytes, cfg.prefix_cache_entries)
         self.runner = ModelRunner(self.lm, self.prefix_cache, max_context=cfg.max_context,
                                   exact=cfg.exact)

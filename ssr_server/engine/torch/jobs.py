@@ -15,7 +15,7 @@ import torch
 from ssr_server.core.protocol import CandidateScore, Context, Generation, GenerationParams
 from ssr_server.engine.torch.grammar import GrammarState
 from ssr_server.engine.torch.kv import SeqKV
-from ssr_server.engine.torch.runner import Prepared
+from ssr_server.engine.torch.runner import ChunkOut, Prepared
 from ssr_server.engine.torch.sampling import Sampler
 from ssr_server.engine.torch.speculate import TokenHistory
 
@@ -51,6 +51,9 @@ class Job:
 @dataclass(eq=False)
 class ScoreJob(Job):
     candidates: list[list[int]] = field(default_factory=list)
+    # A selection scored in slices (``slice_selections``): the outputs of its candidates scored so far
+    # (views of their forward's own tensors, which no later forward writes)
+    done: list[ChunkOut] = field(default_factory=list)
 
     @property
     def need(self) -> int:
@@ -65,6 +68,15 @@ class ScoreJob(Job):
     @property
     def tokens(self) -> int:
         return self.reserve
+
+    @property
+    def todo(self) -> list[list[int]]:
+        """The candidates not yet scored."""
+        return self.candidates[len(self.done):]
+
+    def keep(self, outs: list[ChunkOut]) -> None:
+        """Keep a slice's candidate outputs until the last slice has run."""
+        self.done += outs
 
 
 @dataclass(eq=False)

@@ -20,6 +20,8 @@ next one carries the heavy work too: a decode step waits for one heavy forward i
 one. ``max_heavy_delay`` lets more light forwards go first (until they have cost that many times a
 heavy forward): shorter actions, longer selections, and fewer runs a second, since a decode step that
 rides in a heavy forward costs a fraction of one of its own (docs/engines/embedded.md).
+``slice_selections`` instead lets each light forward carry a slice of the waiting selections (whole
+candidates, the oldest selection at least one), so that a decode step waits for one candidate's rows.
 
 A failure belongs to one job: a prepare error (bad image, ``ContextTooLong``) fails that job before any
 work; a failed batched forward is re-run job by job, and only the jobs whose own forward fails are
@@ -73,6 +75,9 @@ class Scheduler:
         self._light_spent = 0.0  # seconds of such light forwards since heavy work last ran
         self._heavy_s = 0.0  # a heavy forward's cost (moving average)
         self._cv = threading.Condition()
+        # An exact engine scores a selection whole: a slice's candidates attend through other shapes than
+        # the whole selection's, which would make the last bits of its scores depend on timing
+        self._slicing = config.slice_selections and not runner.exact
         self._lane = Lane(self._cv) if wanted(config.prefill_lane, config.threads) else None
         self._stop = False
         self.batches = 0  # forwards run
@@ -222,8 +227,18 @@ class Scheduler:
                     lane.submit(heavy, self._forward)
             self._plan_prefill(batch, skip_heavy=True)
             return batch
-        if (self._ready or self._prefills.heavy()) and (batch.works or self._prefills.light_waiting()) \
-                and self._light_first():
+        light = bool(batch.works) or self._prefills.light_waiting()
+        if light and self._ready and self._slicing \
+                and not (self._prefills.heavy() and not self._light_first()):
+            # Decode steps or action prompts go now, and selections ride with them a slice at a time
+            # (a heavy prefill still waits as below)
+            self._light = True
+            if not self._prefills.heavy():
+                self._light_spent = 0.0
+            self._plan_scoring(batch, sliced=True)
+            self._plan_prefill(batch, skip_heavy=True)
+            return batch
+        if (self._ready or self._prefills.heavy()) and light and self._light_first():
             # Heavy work (a selection with its observation's prefill: ~45 ms here, 15x a decode step)
             # is waiting: this forward carries the decode steps and action prompts alone, and so do the
             # next ones until they have cost ``max_heavy_delay`` x a heavy forward; then the heavy work
@@ -270,30 +285,44 @@ class Scheduler:
             batch.add(Work("decode", seq.job, [self.drafter.step_chunk(seq, tok, chains, dims)], seq))
             self._running.append(seq)  # served: to the back
 
-    def _plan_scoring(self, batch: Batch) -> None:
+    def _plan_scoring(self, batch: Batch, sliced: bool = False) -> None:
         """Candidates, oldest first (the oldest always runs): on their cached context, or after the
-        rest of it in the same forward (a short rest: one forward per selection instead of two)."""
+        rest of it in the same forward (a short rest: one forward per selection instead of two).
+        ``sliced``: whole candidates within the Pacer's budget, the oldest job at least one."""
+        budget = self.pacer.chunk(batch.multi_tokens) if sliced else 0
         scored = False
         while self._ready:
             job = self._ready[0]
             p = job.prep
             assert p is not None  # internal invariant: ready jobs are prepared
             rest = p.todo if p.entry is None else 0
-            if not job.dropped() and scored and not batch.room(job.tokens + rest):
+            cands = job.todo
+            if sliced and not job.dropped():
+                used, take = rest, 0
+                while take < len(cands) and (used + len(cands[take]) <= budget or not (scored or take)):
+                    used += len(cands[take])
+                    take += 1
+                if take == 0 or (scored and not batch.room(used)):
+                    break
+                cands, budget = cands[:take], budget - used
+            elif not job.dropped() and scored and not batch.room(sum(map(len, cands)) + rest):
                 break
-            self._ready.popleft()
+            if job.dropped() or len(cands) == len(job.todo):
+                self._ready.popleft()
             if job.dropped():
                 continue
             try:
                 if p.entry is None:
-                    chunks = self.runner.fused_score_chunks(p, job.candidates)
+                    chunks = self.runner.fused_score_chunks(p, cands)
                 else:
-                    chunks = self.runner.score_chunks([(p.entry, job.candidates)])
+                    chunks = self.runner.score_chunks([(p.entry, cands)])
             except Exception as exc:  # this job's own fault (e.g. its image): it alone fails
                 fail(job, _as_ssr(exc))
                 continue
             batch.add(Work("score", job, chunks))
             scored = True
+            if len(cands) < len(job.todo):
+                break  # a slice: the budget is spent
 
     def _plan_prefill(self, batch: Batch, skip_heavy: bool = False, heavy_only: bool = False) -> None:
         for job in self._prefills.prune():  # their leader was dropped: they prefill themselves
@@ -368,6 +397,10 @@ class Scheduler:
                     fail(job, _as_ssr(exc))
                     continue
                 outs = outs[1:]
+            if len(job.done) + len(outs) < len(job.candidates):  # a slice: the rest in later forwards
+                job.keep(outs)
+                continue
+            outs = [*job.done, *outs]
             assert job.prep.entry is not None
             jobs.append((job, job.prep.entry, job.prep.cached_tokens))
             cand_outs.append(outs)
