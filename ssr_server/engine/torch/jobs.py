@@ -66,10 +66,6 @@ class ScoreJob(Job):
         return sum(len(c) for c in self.candidates)
 
     @property
-    def tokens(self) -> int:
-        return self.reserve
-
-    @property
     def todo(self) -> list[list[int]]:
         """The candidates not yet scored."""
         return self.candidates[len(self.done):]
