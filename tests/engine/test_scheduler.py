@@ -563,3 +563,34 @@ def test_an_exact_engine_scores_a_selection_whole(make_engine: Callable[..., Tor
     scored = [f for f in tap.forwards[n:] if any(c.self_logprobs for c in f)]
     assert len(scored) == 1 and sum(c.self_logprobs for c in scored[0]) == len(candidates)
     assert job.future.result() and len(generation(gen).token_ids) == 20
+
+
+def test_a_heavy_prefill_arriving_during_slices_waits_one_light_forward(
+        make_engine: Callable[..., TorchEngine], tok: Any, contexts: dict[str, Context],
+        candidates: list[list[int]]) -> None:
+    """``slice_selections``: a context to prefill whole that arrives while a selection goes in slices
+    waits one light forward (the decode step and a slice), as it does without slicing; the slices that
+    ran before it came do not count as its delay."""
+    engine = make_engine(slice_selections=True, speculative_tokens=0)
+    tap = Tap(engine)
+    first = contexts["text"]
+    submit(engine, ScoreJob(first, candidates=candidates[:1]))
+    engine.scheduler.run_until_idle()
+    gen = GenerateJob(contexts["image"], params=GenerationParams(max_new_tokens=40, ignore_eos=True))
+    submit(engine, gen)
+    engine.scheduler.step()
+    obs = tuple(tok.encode(" Observation: a tower of iron, 330 m. <think>", add_special_tokens=False))
+    job = ScoreJob(Context(first.token_ids + obs), candidates=candidates)
+    submit(engine, job)
+    engine.scheduler.step()
+    engine.scheduler.step()
+    assert not job.future.done()  # two slices so far, each beside the decode step
+    heavy = ScoreJob(long_context(tok, 200), candidates=candidates)
+    submit(engine, heavy)
+    n = len(tap.forwards)
+    engine.scheduler.step()
+    assert tap.tokens(n) < 200 and any(len(c.ids) == 1 for c in tap.forwards[n])  # a light forward first
+    engine.scheduler.step()
+    assert tap.tokens(n + 1) > 200  # then the heavy prefill, beside the decode step
+    engine.scheduler.run_until_idle()
+    assert job.future.result() and heavy.future.result() and len(generation(gen).token_ids) == 40

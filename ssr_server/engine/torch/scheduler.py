@@ -73,6 +73,7 @@ class Scheduler:
         self._running: deque[Seq] = deque()
         self._light = False  # the forward planned last carries no heavy work while some waits
         self._light_spent = 0.0  # seconds of such light forwards since heavy work last ran
+        self._sliced = False  # the forward planned last carries a slice of a selection (not heavy work)
         self._heavy_s = 0.0  # a heavy forward's cost (moving average)
         self._cv = threading.Condition()
         # An exact engine scores a selection whole: a slice's candidates attend through other shapes than
@@ -170,8 +171,9 @@ class Scheduler:
         self.pacer.observe(spent, batch.multi_tokens)
         if self._light:
             self._light_spent += spent
-        elif any(w.kind == "score" or (w.kind == "prefill" and PrefillQueue.whole_heavy(w.owner))
-                 for w in batch.works):
+        elif not self._sliced and any(
+                w.kind == "score" or (w.kind == "prefill" and PrefillQueue.whole_heavy(w.owner))
+                for w in batch.works):
             self._heavy_s = spent if self._heavy_s == 0.0 else 0.8 * self._heavy_s + 0.2 * spent
         self.batches += 1
         self.max_batch = max(self.max_batch, len(batch.works))
@@ -215,6 +217,7 @@ class Scheduler:
     def _plan(self) -> Batch:
         batch = Batch(self.config)
         self._plan_decode(batch)
+        self._sliced = False
         lane = self._lane
         if lane is not None and (lane.busy or self._ready or self._prefills.heavy()):
             # heavy work goes to the lane (always: this thread stays free for the decode steps and
@@ -231,10 +234,11 @@ class Scheduler:
         if light and self._ready and self._slicing \
                 and not (self._prefills.heavy() and not self._light_first()):
             # Decode steps or action prompts go now, and selections ride with them a slice at a time
-            # (a heavy prefill still waits as below)
-            self._light = True
+            # (a heavy prefill still waits as below). Its time counts as delay only while a heavy
+            # prefill waits: one that comes later still gets its first light forward (``_light_first``)
+            self._light = self._sliced = True
             if not self._prefills.heavy():
-                self._light_spent = 0.0
+                self._light, self._light_spent = False, 0.0
             self._plan_scoring(batch, sliced=True)
             self._plan_prefill(batch, skip_heavy=True)
             return batch
