@@ -236,9 +236,9 @@ class Scheduler:
             # Decode steps or action prompts go now, and selections ride with them a slice at a time
             # (a heavy prefill still waits as below). Its time counts as delay only while a heavy
             # prefill waits: one that comes later still gets its first light forward (``_light_first``)
-            self._light = self._sliced = True
-            if not self._prefills.heavy():
-                self._light, self._light_spent = False, 0.0
+            self._light, self._sliced = self._prefills.heavy(), True
+            if not self._light:
+                self._light_spent = 0.0
             self._plan_scoring(batch, sliced=True)
             self._plan_prefill(batch, skip_heavy=True)
             return batch
